@@ -1,0 +1,69 @@
+//! The fence that travels with a request: `(resource, token)`, and the one
+//! convention for carrying it through HTTP headers, gRPC metadata, message
+//! headers and a child process's environment.
+
+use std::fmt;
+
+use crate::{Invalid, ResourceId, Token};
+
+/// Header (HTTP, gRPC metadata, message headers) carrying the resource name.
+pub const HEADER_RESOURCE: &str = "leasefence-resource";
+/// Header carrying the token, in decimal.
+pub const HEADER_TOKEN: &str = "leasefence-token";
+/// Environment variable carrying the resource name to a child process.
+pub const ENV_RESOURCE: &str = "LEASEFENCE_RESOURCE";
+/// Environment variable carrying the token, in decimal.
+pub const ENV_TOKEN: &str = "LEASEFENCE_TOKEN";
+
+/// A resource and the token that authorizes an effect on it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Fence {
+    pub resource: ResourceId,
+    pub token: Token,
+}
+
+impl Fence {
+    pub fn new(resource: ResourceId, token: Token) -> Fence {
+        Fence { resource, token }
+    }
+
+    /// Parses the two propagated strings (header values or environment values).
+    pub fn from_parts(resource: &str, token: &str) -> Result<Fence, Invalid> {
+        let resource = ResourceId::new(resource)?;
+        let token = parse_token(token)?;
+        Ok(Fence { resource, token })
+    }
+}
+
+/// Parses a decimal token, 1..=u64::MAX.
+pub(crate) fn parse_token(s: &str) -> Result<Token, Invalid> {
+    s.trim().parse::<u64>().ok().and_then(Token::new).ok_or_else(|| {
+        Invalid::new(
+            "token",
+            format!("must be a decimal integer in 1..={}, got {s:?}", u64::MAX),
+        )
+    })
+}
+
+impl fmt::Display for Fence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}@{}", self.resource, self.token)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_round_trip_and_reject() {
+        let f = Fence::from_parts("orders/42", "43").expect("valid");
+        assert_eq!(f.resource.as_str(), "orders/42");
+        assert_eq!(f.token.get(), 43);
+        assert_eq!(f.to_string(), "orders/42@43");
+        assert_eq!(Fence::from_parts("r", "0").unwrap_err().field(), "token");
+        assert!(Fence::from_parts("r", "-1").is_err());
+        assert!(Fence::from_parts("r", "18446744073709551616").is_err());
+        assert!(Fence::from_parts("", "1").is_err());
+    }
+}

@@ -1,0 +1,95 @@
+//! Durable storage of leases and per-resource token sequences.
+//!
+//! One trait, [`LeaseStore`], that every backend implements and that one
+//! conformance suite ([`conformance`]) checks. The coordinator never writes a
+//! store directly: it hands mutations to a [`Committer`], a single writer thread
+//! that group-commits them (many grants, one transaction, one fsync) and answers
+//! each only once it is durable.
+//!
+//! Backends: [`EmbeddedStore`] (redb, the default, crash-safe) and
+//! [`MemoryStore`] (not durable; a reference for tests and simulation).
+
+mod codec;
+mod committer;
+pub mod conformance;
+mod embedded;
+mod memory;
+
+pub use committer::{Committer, CommitterStats};
+pub use embedded::EmbeddedStore;
+pub use memory::MemoryStore;
+
+use leasefence_core::{Mutation, StoredResource};
+
+/// Why a store operation failed. Any of these is fatal for the writer: after a
+/// failed commit nothing more is written until the process restarts and reloads.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    #[error("store I/O failed: {0}")]
+    Io(String),
+    #[error("store record for {resource:?} is corrupt: {reason}")]
+    Corrupt { resource: String, reason: String },
+    #[error("refusing to lower the token of {resource}: stored {stored}, attempted {attempted}")]
+    TokenRegression {
+        resource: String,
+        stored: u64,
+        attempted: u64,
+    },
+    #[error("store writer stopped after an earlier failure; restart the coordinator")]
+    Poisoned,
+    #[error("store writer is closed")]
+    Closed,
+}
+
+/// Durable lease storage. Implementations need not be thread-safe: the
+/// [`Committer`] owns the store on one thread.
+pub trait LeaseStore: Send + 'static {
+    /// Every resource ever granted, with the lease recorded as held, if any.
+    fn load(&mut self) -> Result<Vec<StoredResource>, StoreError>;
+
+    /// Applies `batch` in order as one atomic transaction, durable (fsynced)
+    /// before it returns `Ok`. A grant must carry a token above the stored one;
+    /// a release of a token that is no longer the held one changes nothing.
+    fn apply(&mut self, batch: &[Mutation]) -> Result<(), StoreError>;
+}
+
+/// The record of one resource after applying `m` to `current` (the pure rule
+/// every backend shares).
+pub(crate) fn next_record(current: Option<StoredResource>, m: &Mutation) -> Result<Option<StoredResource>, StoreError> {
+    use leasefence_core::StoredLease;
+    match m {
+        Mutation::Grant {
+            resource,
+            token,
+            lease_id,
+            holder,
+            ttl,
+        } => {
+            if let Some(cur) = &current {
+                if cur.last_token >= *token {
+                    return Err(StoreError::TokenRegression {
+                        resource: resource.to_string(),
+                        stored: cur.last_token.get(),
+                        attempted: token.get(),
+                    });
+                }
+            }
+            let lease = StoredLease {
+                lease_id: *lease_id,
+                holder: holder.clone(),
+                ttl: *ttl,
+            };
+            Ok(Some(StoredResource {
+                resource: resource.clone(),
+                last_token: *token,
+                lease: Some(lease),
+            }))
+        }
+        Mutation::Release { token, .. } => Ok(current.map(|mut cur| {
+            if cur.last_token == *token {
+                cur.lease = None;
+            }
+            cur
+        })),
+    }
+}
