@@ -1,0 +1,93 @@
+//! The one error type of every arbiter backend.
+//!
+//! A stale token is an expected outcome ([`ArbiterError::Stale`]), kept apart
+//! from invalid input and from backend failures so a worker can match on it
+//! and re-read state instead of treating it as a transport error.
+
+use leasefence_core::{Invalid, Stale};
+
+/// Why a fenced effect did not happen. In every case nothing of the effect
+/// was committed.
+#[derive(Debug, thiserror::Error)]
+pub enum ArbiterError {
+    /// The fence rejected the token: a newer (or, in strict mode, the same)
+    /// token has already been recorded for the resource.
+    #[error(transparent)]
+    Stale(#[from] Stale),
+    /// Input that breaks a documented rule, e.g. a token above what the backend
+    /// can store, or a URL with an unknown scheme.
+    #[error(transparent)]
+    Invalid(#[from] Invalid),
+    /// The backend has no leasefence schema or functions.
+    #[error("leasefence is not installed in this {backend}; run `leasefence arbiter install URL` first")]
+    NotInstalled { backend: &'static str },
+    /// The backend answered something the contract does not allow (a corrupt
+    /// fence record, an unparseable rejection).
+    #[error("{backend} answered outside the leasefence contract: {message}")]
+    Protocol { backend: &'static str, message: String },
+    #[error("PostgreSQL: {0}")]
+    Postgres(tokio_postgres::Error),
+    #[error("PostgreSQL pool: {0}")]
+    Pool(#[from] deadpool_postgres::PoolError),
+    #[error("SQLite: {0}")]
+    Sqlite(rusqlite::Error),
+    #[error("Redis: {0}")]
+    Redis(::redis::RedisError),
+    #[error("embedded store: {0}")]
+    Embedded(#[from] redb::Error),
+    /// A background task of the arbiter itself failed (panicked or was cancelled).
+    #[error("arbiter task failed: {0}")]
+    Task(String),
+}
+
+impl ArbiterError {
+    /// The rejection, when this is one.
+    pub fn as_stale(&self) -> Option<&Stale> {
+        match self {
+            ArbiterError::Stale(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// True for transient conflicts where retrying the whole transaction is the
+    /// right move: PostgreSQL serialization failures and deadlocks (SQLSTATE
+    /// 40001, 40P01), SQLite `BUSY`/`LOCKED`. A retry of a stale effect then
+    /// gets [`ArbiterError::Stale`].
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            ArbiterError::Postgres(e) => e.code().is_some_and(|c| c.code() == "40001" || c.code() == "40P01"),
+            ArbiterError::Sqlite(e) => matches!(
+                e.sqlite_error_code(),
+                Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+            ),
+            _ => false,
+        }
+    }
+}
+
+impl From<tokio_postgres::Error> for ArbiterError {
+    /// Maps the leasefence SQLSTATEs back to typed errors, so `?` on any
+    /// statement that called `leasefence_admit` yields [`ArbiterError::Stale`].
+    fn from(e: tokio_postgres::Error) -> ArbiterError {
+        crate::postgres::classify(e)
+    }
+}
+
+impl From<rusqlite::Error> for ArbiterError {
+    fn from(e: rusqlite::Error) -> ArbiterError {
+        crate::sqlite::classify(e)
+    }
+}
+
+impl From<::redis::RedisError> for ArbiterError {
+    /// Maps `-STALE presented current` replies of the leasefence functions to
+    /// typed errors when the resource is known; see [`crate::redis`].
+    fn from(e: ::redis::RedisError) -> ArbiterError {
+        crate::redis::classify(e, None)
+    }
+}
+
+/// Converts any redb error (they are split by operation) into ours.
+pub(crate) fn redb_err(e: impl Into<redb::Error>) -> ArbiterError {
+    ArbiterError::Embedded(e.into())
+}

@@ -1,0 +1,39 @@
+//! Resource-side enforcement of leasefence fencing tokens: the *arbiters*.
+//!
+//! An arbiter keeps `last_token` per fence key durably and admits an effect only
+//! if the arbiter rule holds (strict: `last < token`, monotonic: `last <= token`),
+//! recording `last_token = token` in the **same atomic transaction** as the
+//! effect. On reject nothing of the effect happens and the caller gets
+//! [`ArbiterError::Stale`] carrying `resource`, `presented` and `current`.
+//!
+//! Backends, one module each:
+//! - [`postgres`]: the PL/pgSQL function `leasefence_admit` (usable from any
+//!   language inside your own transaction) and Rust helpers around it;
+//! - [`sqlite`]: the same contract inside a `rusqlite::Transaction`;
+//! - [`redis`]: a Redis Functions library with fenced `SET`, `DEL`, `HSET`, `XADD`;
+//! - [`embedded`]: an in-process fenced key-value store on redb.
+//!
+//! Every backend passes the one [`conformance`] suite through [`ConformanceTarget`];
+//! [`pause_kit`] runs the classic "paused holder" scenario against any target, and
+//! [`install`] / [`check`] dispatch on a URL for the command line.
+
+mod dispatch;
+pub mod embedded;
+mod error;
+pub mod postgres;
+pub mod redis;
+mod reject;
+mod rng;
+pub mod sqlite;
+
+pub mod conformance;
+pub mod pause_kit;
+pub mod targets;
+
+pub use conformance::{ConformanceTarget, Outcome};
+pub use dispatch::{BackendUrl, check, install};
+pub use error::ArbiterError;
+pub use pause_kit::{Counterexample, Report, pause_check};
+pub use reject::REJECTIONS_METRIC;
+
+pub use leasefence_core::{Fence, FenceMode, ResourceId, Stale, Token};

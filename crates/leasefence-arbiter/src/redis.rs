@@ -1,0 +1,245 @@
+//! The Redis arbiter: a Redis Functions library (`leasefence`, Redis 7+) with
+//! fenced `SET`, `DEL`, `HSET` and `XADD`, and Rust helpers for each.
+//!
+//! A fenced call checks the fence key `leasefence:fence:{RESOURCE}`, applies
+//! the command and records the token in one atomic function call. A stale call
+//! changes nothing and fails with `-STALE <presented> <current> <resource>`,
+//! mapped here to [`ArbiterError::Stale`]. The library, with its calling
+//! conventions, is `src/lua/leasefence.lua`. Tokens cover the full `u64` range.
+//! In a cluster, give your data keys the hash tag `{RESOURCE}` so they share the
+//! fence key's slot. The fence is as durable as the server's persistence
+//! settings make it (use `appendonly yes` and `appendfsync always` for
+//! crash-safe fences).
+
+use leasefence_core::{Fence, FenceMode, ResourceId, Stale, Token};
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::{Cmd, FromRedisValue, ToRedisArgs};
+
+use crate::ArbiterError;
+use crate::reject::observe;
+
+const BACKEND: &str = "redis";
+
+/// The library source loaded by [`install`].
+pub const LIBRARY: &str = include_str!("lua/leasefence.lua");
+/// The library version [`install`] loads and checks.
+pub const LIBRARY_VERSION: &str = "1";
+/// Error code of a stale call.
+pub const ERROR_STALE: &str = "STALE";
+
+/// The fence key of `resource`: `leasefence:fence:{RESOURCE}`.
+pub fn fence_key(resource: &ResourceId) -> String {
+    format!("leasefence:fence:{{{resource}}}")
+}
+
+/// Opens a multiplexed connection (cheap to clone, safe to share).
+pub async fn connect(url: &str) -> Result<MultiplexedConnection, ArbiterError> {
+    let client = redis::Client::open(url)?;
+    Ok(client.get_multiplexed_async_connection().await?)
+}
+
+/// Loads (or replaces) the `leasefence` library and checks its version.
+pub async fn install<C: ConnectionLike + Send>(conn: &mut C) -> Result<(), ArbiterError> {
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(LIBRARY)
+        .query_async(conn)
+        .await?;
+    match installed_version(conn).await? {
+        Some(v) if v == LIBRARY_VERSION => Ok(()),
+        other => Err(ArbiterError::Protocol {
+            backend: BACKEND,
+            message: format!("after FUNCTION LOAD the library reports version {other:?}, expected {LIBRARY_VERSION}"),
+        }),
+    }
+}
+
+/// Connects to `url` and [`install`]s.
+pub async fn install_url(url: &str) -> Result<(), ArbiterError> {
+    let mut conn = connect(url).await?;
+    install(&mut conn).await
+}
+
+/// The loaded library version, `None` when the library is not loaded.
+pub async fn installed_version<C: ConnectionLike + Send>(conn: &mut C) -> Result<Option<String>, ArbiterError> {
+    match redis::cmd("FCALL_RO")
+        .arg("leasefence_version")
+        .arg(0)
+        .query_async(conn)
+        .await
+    {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if is_missing_function(&e) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Fenced `SET key value`.
+pub async fn set<C, V>(conn: &mut C, fence: &Fence, mode: FenceMode, key: &str, value: V) -> Result<(), ArbiterError>
+where
+    C: ConnectionLike + Send,
+    V: ToRedisArgs,
+{
+    let mut cmd = fcall("leasefence_set", fence, mode, &[key]);
+    cmd.arg(value);
+    let _: redis::Value = call(conn, &cmd, fence).await?;
+    Ok(())
+}
+
+/// Fenced `DEL keys...`; returns how many keys were removed. The token is
+/// recorded even if none existed.
+pub async fn del<C: ConnectionLike + Send>(
+    conn: &mut C,
+    fence: &Fence,
+    mode: FenceMode,
+    keys: &[&str],
+) -> Result<u64, ArbiterError> {
+    call(conn, &fcall("leasefence_del", fence, mode, keys), fence).await
+}
+
+/// Fenced `HSET key field value [field value ...]`; returns how many fields were added.
+pub async fn hset<C, F, V>(
+    conn: &mut C,
+    fence: &Fence,
+    mode: FenceMode,
+    key: &str,
+    fields: &[(F, V)],
+) -> Result<u64, ArbiterError>
+where
+    C: ConnectionLike + Send,
+    F: ToRedisArgs,
+    V: ToRedisArgs,
+{
+    let mut cmd = fcall("leasefence_hset", fence, mode, &[key]);
+    for (f, v) in fields {
+        cmd.arg(f).arg(v);
+    }
+    call(conn, &cmd, fence).await
+}
+
+/// Fenced `XADD stream id field value [field value ...]` (`id` is usually `*`);
+/// returns the entry id.
+pub async fn xadd<C, F, V>(
+    conn: &mut C,
+    fence: &Fence,
+    mode: FenceMode,
+    stream: &str,
+    id: &str,
+    fields: &[(F, V)],
+) -> Result<String, ArbiterError>
+where
+    C: ConnectionLike + Send,
+    F: ToRedisArgs,
+    V: ToRedisArgs,
+{
+    let mut cmd = fcall("leasefence_xadd", fence, mode, &[stream]);
+    cmd.arg(id);
+    for (f, v) in fields {
+        cmd.arg(f).arg(v);
+    }
+    call(conn, &cmd, fence).await
+}
+
+/// The recorded `last_token` of `resource`, `None` if it was never admitted.
+pub async fn last_token<C: ConnectionLike + Send>(
+    conn: &mut C,
+    resource: &ResourceId,
+) -> Result<Option<Token>, ArbiterError> {
+    let v: Option<String> = redis::cmd("GET").arg(fence_key(resource)).query_async(conn).await?;
+    v.map(|s| {
+        s.parse::<u64>()
+            .ok()
+            .and_then(Token::new)
+            .ok_or_else(|| ArbiterError::Protocol {
+                backend: BACKEND,
+                message: format!("fence key of {resource} holds {s:?}, not a token"),
+            })
+    })
+    .transpose()
+}
+
+/// `FCALL function numkeys FENCE KEYS... TOKEN MODE`; the caller appends the rest.
+fn fcall(function: &str, fence: &Fence, mode: FenceMode, keys: &[&str]) -> Cmd {
+    let mut cmd = redis::cmd("FCALL");
+    cmd.arg(function).arg(keys.len() + 1).arg(fence_key(&fence.resource));
+    for k in keys {
+        cmd.arg(*k);
+    }
+    cmd.arg(fence.token.get().to_string()).arg(mode.as_str());
+    cmd
+}
+
+async fn call<C: ConnectionLike + Send, T: FromRedisValue>(
+    conn: &mut C,
+    cmd: &Cmd,
+    fence: &Fence,
+) -> Result<T, ArbiterError> {
+    cmd.query_async(conn)
+        .await
+        .map_err(|e| observe(BACKEND, classify(e, Some(&fence.resource))))
+}
+
+fn is_missing_function(e: &redis::RedisError) -> bool {
+    e.to_string().contains("Function not found")
+}
+
+/// Maps `-STALE presented current resource` to [`ArbiterError::Stale`],
+/// `-LFINVALID` to [`ArbiterError::Invalid`] and a missing library to
+/// [`ArbiterError::NotInstalled`]. `expected` is the resource of the call, used
+/// when the reply's resource cannot be parsed.
+pub(crate) fn classify(e: redis::RedisError, expected: Option<&ResourceId>) -> ArbiterError {
+    match e.code() {
+        Some(ERROR_STALE) => match parse_stale(e.detail().unwrap_or_default(), expected) {
+            Some(stale) => ArbiterError::Stale(stale),
+            None => ArbiterError::Protocol {
+                backend: BACKEND,
+                message: format!("unparseable STALE reply: {e}"),
+            },
+        },
+        Some("LFINVALID") => ArbiterError::Invalid(leasefence_core::Invalid::new(
+            "argument",
+            e.detail().unwrap_or_default(),
+        )),
+        _ if is_missing_function(&e) => ArbiterError::NotInstalled { backend: BACKEND },
+        _ => ArbiterError::Redis(e),
+    }
+}
+
+/// Parses `presented current resource` (resource last: it may contain spaces).
+fn parse_stale(detail: &str, expected: Option<&ResourceId>) -> Option<Stale> {
+    let mut parts = detail.splitn(3, ' ');
+    let presented = Token::new(parts.next()?.parse().ok()?)?;
+    let current = Token::new(parts.next()?.parse().ok()?)?;
+    let resource = match parts.next().and_then(|r| ResourceId::new(r).ok()) {
+        Some(r) => r,
+        None => expected?.clone(),
+    };
+    Some(Stale {
+        resource,
+        presented,
+        current,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_reply_parses_with_and_without_resource() {
+        let s = parse_stale("18446744073709551615 18446744073709551615 a b", None).expect("parses");
+        assert_eq!((s.resource.as_str(), s.presented.get()), ("a b", u64::MAX));
+        let r = ResourceId::new("fallback").expect("valid");
+        let s = parse_stale("3 4", Some(&r)).expect("parses");
+        assert_eq!((s.resource, s.current.get()), (r, 4));
+        assert!(parse_stale("3 4", None).is_none());
+        assert!(parse_stale("0 4 r", None).is_none());
+    }
+
+    #[test]
+    fn fence_key_is_a_hash_tag() {
+        let r = ResourceId::new("orders/7").expect("valid");
+        assert_eq!(fence_key(&r), "leasefence:fence:{orders/7}");
+    }
+}

@@ -1,0 +1,100 @@
+-- leasefence arbiter schema for PostgreSQL, version 1.
+--
+-- Idempotent: safe to run any number of times, concurrently too. Run it in one
+-- transaction (the Rust installer does; by hand: psql --single-transaction -f FILE).
+-- Objects are created in the first schema of the installer's search_path, and
+-- leasefence_admit is pinned to that schema so callers' search_path does not matter.
+--
+-- SQLSTATEs raised (class 'LF', leasefence):
+--   LF001  stale fencing token. The calling transaction is aborted, so nothing of
+--          the effect commits. MESSAGE: 'stale fencing token for R: presented N, current M'
+--          DETAIL: 'presented=N current=M resource=R' (resource last: it may contain spaces).
+--   LF002  invalid argument: token < 1, mode not 'strict'/'monotonic', resource
+--          empty or longer than 512 bytes.
+--   LF003  a newer schema version is installed; this script will not downgrade it.
+
+-- Serializes concurrent installs (CREATE ... IF NOT EXISTS alone can race).
+SELECT pg_advisory_xact_lock(7237098112370931713);
+
+CREATE TABLE IF NOT EXISTS leasefence_schema_version (
+    component    text PRIMARY KEY,
+    version      integer NOT NULL,
+    installed_at timestamptz NOT NULL DEFAULT now()
+);
+
+DO $$
+DECLARE
+    v integer;
+BEGIN
+    SELECT version INTO v FROM leasefence_schema_version WHERE component = 'arbiter';
+    IF v IS NOT NULL AND v > 1 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'LF003',
+            MESSAGE = format('leasefence arbiter schema version %s is installed; this installer is version 1 and will not downgrade it', v);
+    END IF;
+END
+$$;
+
+CREATE TABLE IF NOT EXISTS leasefence_fences (
+    resource   text PRIMARY KEY CHECK (octet_length(resource) BETWEEN 1 AND 512),
+    last_token bigint NOT NULL CHECK (last_token >= 1),
+    mode       text NOT NULL CHECK (mode IN ('strict', 'monotonic')),
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- Admits `p_token` for `p_resource` and records it, inside the caller's
+-- transaction, or raises LF001 (stale). Call it before or after your effect in
+-- the same transaction: the fence row stays locked until you commit, and a
+-- rollback undoes both. Correct under READ COMMITTED (the upsert re-checks the
+-- newest committed row) and under REPEATABLE READ / SERIALIZABLE (a concurrent
+-- update surfaces as SQLSTATE 40001: retry the transaction).
+CREATE OR REPLACE FUNCTION leasefence_admit(p_resource text, p_token bigint, p_mode text DEFAULT 'strict')
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+AS $$
+DECLARE
+    v_current bigint;
+BEGIN
+    IF p_resource IS NULL OR octet_length(p_resource) NOT BETWEEN 1 AND 512 THEN
+        RAISE EXCEPTION USING ERRCODE = 'LF002',
+            MESSAGE = 'leasefence_admit: resource must be 1..=512 bytes of text';
+    END IF;
+    IF p_token IS NULL OR p_token < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'LF002',
+            MESSAGE = format('leasefence_admit: token must be >= 1, got %s', coalesce(p_token::text, 'NULL'));
+    END IF;
+    IF p_mode IS NULL OR p_mode NOT IN ('strict', 'monotonic') THEN
+        RAISE EXCEPTION USING ERRCODE = 'LF002',
+            MESSAGE = format('leasefence_admit: mode must be ''strict'' or ''monotonic'', got %L', p_mode);
+    END IF;
+
+    INSERT INTO leasefence_fences AS f (resource, last_token, mode, updated_at)
+    VALUES (p_resource, p_token, p_mode, now())
+    ON CONFLICT (resource) DO UPDATE
+        SET last_token = excluded.last_token, mode = excluded.mode, updated_at = excluded.updated_at
+        WHERE f.last_token < excluded.last_token
+           OR (excluded.mode = 'monotonic' AND f.last_token = excluded.last_token)
+    RETURNING f.last_token INTO v_current;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+
+    SELECT f.last_token INTO v_current FROM leasefence_fences f WHERE f.resource = p_resource;
+    RAISE EXCEPTION USING
+        ERRCODE = 'LF001',
+        MESSAGE = format('stale fencing token for %s: presented %s, current %s', p_resource, p_token, v_current),
+        DETAIL = format('presented=%s current=%s resource=%s', p_token, v_current, p_resource),
+        HINT = 'a newer lease holder has acted on this resource; re-read state instead of retrying';
+END
+$$;
+
+-- Pin the function to the schema it was installed in.
+DO $$
+BEGIN
+    EXECUTE format('ALTER FUNCTION leasefence_admit(text, bigint, text) SET search_path = %I, pg_temp', current_schema());
+END
+$$;
+
+INSERT INTO leasefence_schema_version (component, version) VALUES ('arbiter', 1)
+ON CONFLICT (component) DO UPDATE SET version = excluded.version, installed_at = now();

@@ -1,0 +1,177 @@
+//! The PostgreSQL conformance target: `leasefence_admit` inside a transaction
+//! at a chosen isolation level, effect tables with a random suffix.
+
+use deadpool_postgres::{Manager, Pool};
+use leasefence_core::{Fence, FenceMode, ResourceId, Token};
+use tokio_postgres::IsolationLevel;
+
+use crate::ArbiterError;
+use crate::conformance::{ConformanceTarget, Outcome, PausePoint};
+use crate::postgres::{admit, last_token};
+use crate::reject::{token_from_i64, token_to_i64};
+
+/// Connections in the target's pool. Half the racers run a transaction at
+/// once while the rest queue: real contention, while two racing tests (and
+/// other test binaries) stay well inside PostgreSQL's default 100 connections.
+const POOL_SIZE: usize = crate::conformance::RACERS / 2;
+
+pub struct PostgresTarget {
+    pool: Pool,
+    isolation: IsolationLevel,
+    namespace: String,
+    kv: String,
+    history: String,
+}
+
+impl PostgresTarget {
+    /// Connects to `url` (the schema must be installed) and creates the effect
+    /// tables. `isolation` applies to every unit the target runs.
+    pub async fn connect(url: &str, isolation: IsolationLevel) -> Result<PostgresTarget, ArbiterError> {
+        let config: tokio_postgres::Config = url.parse().map_err(ArbiterError::Postgres)?;
+        let manager = Manager::new(config, tokio_postgres::NoTls);
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .build()
+            .map_err(|e| ArbiterError::Task(format!("cannot build the PostgreSQL pool: {e}")))?;
+        let suffix = crate::rng::hex_suffix();
+        let target = PostgresTarget {
+            pool,
+            isolation,
+            namespace: super::fresh_namespace(),
+            kv: format!("leasefence_check_kv_{suffix}"),
+            history: format!("leasefence_check_history_{suffix}"),
+        };
+        let client = target.pool.get().await?;
+        if crate::postgres::installed_version(&**client).await?.is_none() {
+            return Err(ArbiterError::NotInstalled { backend: "postgres" });
+        }
+        let ddl = format!(
+            "CREATE TABLE {kv} (resource text NOT NULL, key text NOT NULL, value text NOT NULL, PRIMARY KEY (resource, key));
+             CREATE TABLE {h} (resource text PRIMARY KEY, tokens bigint[] NOT NULL);",
+            kv = target.kv,
+            h = target.history
+        );
+        client.batch_execute(&ddl).await?;
+        Ok(target)
+    }
+
+    async fn write(
+        &self,
+        fence: &Fence,
+        mode: FenceMode,
+        key: &str,
+        value: &str,
+        outcome: Outcome,
+        pause: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>>,
+    ) -> Result<(), ArbiterError> {
+        let mut client = self.pool.get().await?;
+        let tx = client
+            .build_transaction()
+            .isolation_level(self.isolation)
+            .start()
+            .await?;
+        let r = fence.resource.as_str();
+        let kv = format!(
+            "INSERT INTO {} (resource, key, value) VALUES ($1, $2, $3)
+             ON CONFLICT (resource, key) DO UPDATE SET value = excluded.value",
+            self.kv
+        );
+        // The effect goes first, so a pause inside the transaction holds an
+        // effect that the later admit must roll back.
+        tx.execute(&kv, &[&r, &key, &value]).await?;
+        if let Some(pause) = pause {
+            pause.await;
+        }
+        admit(&tx, fence, mode).await?;
+        let token = token_to_i64("postgres", fence.token)?;
+        let h = format!(
+            "INSERT INTO {h} AS h (resource, tokens) VALUES ($1, ARRAY[$2::bigint])
+             ON CONFLICT (resource) DO UPDATE SET tokens = h.tokens || excluded.tokens",
+            h = self.history
+        );
+        tx.execute(&h, &[&r, &token]).await?;
+        match outcome {
+            Outcome::Commit => tx.commit().await?,
+            Outcome::Abort => tx.rollback().await?,
+        }
+        Ok(())
+    }
+}
+
+impl ConformanceTarget for PostgresTarget {
+    fn backend(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    fn token_max(&self) -> Token {
+        Token::new(i64::MAX as u64).unwrap_or(Token::FIRST)
+    }
+
+    fn pause_point(&self) -> PausePoint {
+        PausePoint::InsideTransaction
+    }
+
+    async fn admit_and_write(
+        &self,
+        fence: &Fence,
+        mode: FenceMode,
+        key: &str,
+        value: &str,
+        outcome: Outcome,
+    ) -> Result<(), ArbiterError> {
+        self.write(fence, mode, key, value, outcome, None).await
+    }
+
+    async fn admit_and_write_paused<P>(
+        &self,
+        fence: &Fence,
+        mode: FenceMode,
+        key: &str,
+        value: &str,
+        pause: P,
+    ) -> Result<(), ArbiterError>
+    where
+        P: std::future::Future<Output = ()> + Send,
+    {
+        self.write(fence, mode, key, value, Outcome::Commit, Some(Box::pin(pause)))
+            .await
+    }
+
+    async fn read(&self, resource: &ResourceId, key: &str) -> Result<Option<String>, ArbiterError> {
+        let client = self.pool.get().await?;
+        let q = format!("SELECT value FROM {} WHERE resource = $1 AND key = $2", self.kv);
+        let row = client.query_opt(&q, &[&resource.as_str(), &key]).await?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    async fn last_token(&self, resource: &ResourceId) -> Result<Option<Token>, ArbiterError> {
+        let client = self.pool.get().await?;
+        last_token(&**client, resource).await
+    }
+
+    async fn history(&self, resource: &ResourceId) -> Result<Vec<Token>, ArbiterError> {
+        let client = self.pool.get().await?;
+        let q = format!("SELECT tokens FROM {} WHERE resource = $1", self.history);
+        let row = client.query_opt(&q, &[&resource.as_str()]).await?;
+        let tokens: Vec<i64> = row.map(|r| r.get(0)).unwrap_or_default();
+        tokens.into_iter().map(|v| token_from_i64("postgres", v)).collect()
+    }
+
+    async fn cleanup(&self) -> Result<(), ArbiterError> {
+        let client = self.pool.get().await?;
+        client
+            .execute(
+                "DELETE FROM leasefence_fences WHERE starts_with(resource, $1)",
+                &[&self.namespace],
+            )
+            .await?;
+        client
+            .batch_execute(&format!("DROP TABLE IF EXISTS {}, {}", self.kv, self.history))
+            .await?;
+        Ok(())
+    }
+}

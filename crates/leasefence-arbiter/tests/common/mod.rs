@@ -1,0 +1,91 @@
+//! Shared test helpers: service URLs from the environment (the one place that
+//! decides skip vs fail) and the macro that turns the conformance suite into
+//! one test per scenario.
+
+#![allow(dead_code, unused_macros)]
+
+use leasefence_arbiter::{Fence, ResourceId, Token};
+
+pub const POSTGRES_URL: &str = "LEASEFENCE_TEST_POSTGRES_URL";
+pub const REDIS_URL: &str = "LEASEFENCE_TEST_REDIS_URL";
+
+/// The URL in `var`. Unset: with `CI=true` the test fails; otherwise it prints
+/// a skip line to stderr and the caller returns.
+pub fn service_url(var: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(v) if !v.trim().is_empty() => Some(v),
+        _ => {
+            if std::env::var("CI").as_deref() == Ok("true") {
+                panic!("{var} is not set but CI=true: this test needs the real service, and .ci/run must export {var}");
+            }
+            eprintln!("skipped: {var} not set");
+            None
+        }
+    }
+}
+
+/// A resource name no other test uses.
+pub fn unique_resource(name: &str) -> ResourceId {
+    let mut buf = [0u8; 8];
+    getrandom::fill(&mut buf).expect("os randomness");
+    ResourceId::new(&format!("test/{name}/{:016x}", u64::from_le_bytes(buf))).expect("valid resource")
+}
+
+pub fn fence(r: &ResourceId, token: u64) -> Fence {
+    Fence::new(r.clone(), Token::new(token).expect("non-zero token"))
+}
+
+/// One `#[tokio::test]` per conformance scenario; `$make` is an expression
+/// evaluating to a future of `Option<(Arc<Target>, Guard)>` (`None`: skipped;
+/// the guard, e.g. a temp dir, lives until the test ends).
+macro_rules! conformance_tests {
+    ($make:expr) => {
+        conformance_tests!(@by_ref $make;
+            first_admit,
+            strict_equal_rejected,
+            monotonic_equal_admitted,
+            lower_rejected,
+            modes_are_per_call,
+            abort_leaves_neither_effect_nor_fence,
+            stale_error_names_resource_presented_current,
+            limits
+        );
+        conformance_tests!(@by_arc $make; racers_strict, racers_monotonic);
+    };
+    (@by_ref $make:expr; $($name:ident),*) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn $name() {
+            use leasefence_arbiter::ConformanceTarget;
+            let Some((t, _guard)) = $make.await else { return };
+            leasefence_arbiter::conformance::$name(&*t).await;
+            t.cleanup().await.expect("cleanup");
+        }
+    )*};
+    (@by_arc $make:expr; $($name:ident),*) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn $name() {
+            use leasefence_arbiter::ConformanceTarget;
+            let Some((t, _guard)) = $make.await else { return };
+            leasefence_arbiter::conformance::$name(&t).await;
+            t.cleanup().await.expect("cleanup");
+        }
+    )*};
+}
+
+/// A pause-kit test: `trials` trials, every stale effect rejected, nothing left over.
+macro_rules! pause_kit_test {
+    ($name:ident, $make:expr, $trials:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn $name() {
+            let Some((t, _guard)) = $make.await else { return };
+            let report = leasefence_arbiter::pause_check(&t, $trials)
+                .await
+                .expect("pause check runs");
+            assert_eq!(report.trials, $trials);
+            assert_eq!(report.stale_accepted, 0, "{report:?}");
+            assert_eq!(report.stale_rejected, $trials, "{report:?}");
+            assert!(report.counterexamples.is_empty(), "{report:?}");
+            assert!(report.passed());
+        }
+    };
+}

@@ -1,0 +1,245 @@
+//! PostgreSQL arbiter against the real server in `LEASEFENCE_TEST_POSTGRES_URL`.
+
+#[macro_use]
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use common::{POSTGRES_URL, fence, service_url, unique_resource};
+use leasefence_arbiter::postgres::{self, SQLSTATE_INVALID, SQLSTATE_STALE, with_fence};
+use leasefence_arbiter::targets::PostgresTarget;
+use leasefence_arbiter::{ArbiterError, FenceMode};
+use tokio_postgres::IsolationLevel;
+
+async fn client() -> Option<tokio_postgres::Client> {
+    let url = service_url(POSTGRES_URL)?;
+    let mut c = postgres::connect(&url).await.expect("connect");
+    postgres::install(&mut c).await.expect("install");
+    Some(c)
+}
+
+async fn target(isolation: IsolationLevel) -> Option<(Arc<PostgresTarget>, ())> {
+    let url = service_url(POSTGRES_URL)?;
+    postgres::install_url(&url).await.expect("install");
+    Some((
+        Arc::new(PostgresTarget::connect(&url, isolation).await.expect("target")),
+        (),
+    ))
+}
+
+mod read_committed {
+    use super::*;
+    conformance_tests!(target(IsolationLevel::ReadCommitted));
+    pause_kit_test!(pause_kit, target(IsolationLevel::ReadCommitted), 25);
+}
+
+mod serializable {
+    use super::*;
+    conformance_tests!(target(IsolationLevel::Serializable));
+}
+
+#[tokio::test]
+async fn concurrent_installs_are_idempotent() {
+    let Some(url) = service_url(POSTGRES_URL) else { return };
+    let installs: Vec<_> = (0..4)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { postgres::install_url(&url).await })
+        })
+        .collect();
+    for i in installs {
+        i.await.expect("task").expect("install");
+    }
+    let c = postgres::connect(&url).await.expect("connect");
+    assert_eq!(
+        postgres::installed_version(&c).await.expect("version"),
+        Some(postgres::SCHEMA_VERSION)
+    );
+}
+
+#[tokio::test]
+async fn raw_sql_stale_raises_lf001_and_aborts_the_whole_transaction() {
+    let Some(mut c) = client().await else { return };
+    let r = unique_resource("raw-sql");
+    c.batch_execute("CREATE TEMP TABLE effects (v text NOT NULL)")
+        .await
+        .expect("temp table");
+    let tx = c.transaction().await.expect("begin");
+    tx.execute("INSERT INTO effects VALUES ('five')", &[])
+        .await
+        .expect("effect");
+    tx.execute("SELECT leasefence_admit($1, 5)", &[&r.as_str()])
+        .await
+        .expect("admit 5, default mode");
+    tx.commit().await.expect("commit");
+
+    let tx = c.transaction().await.expect("begin");
+    tx.execute("INSERT INTO effects VALUES ('late')", &[])
+        .await
+        .expect("effect");
+    let err = tx
+        .execute("SELECT leasefence_admit($1, 5, 'strict')", &[&r.as_str()])
+        .await
+        .expect_err("equal token in strict mode must raise");
+    let db = err.as_db_error().expect("a database error");
+    assert_eq!(db.code().code(), SQLSTATE_STALE);
+    assert_eq!(
+        db.detail(),
+        Some(format!("presented=5 current=5 resource={r}").as_str())
+    );
+    assert!(db.message().contains("presented 5, current 5"), "{}", db.message());
+    match ArbiterError::from(err) {
+        ArbiterError::Stale(s) => assert_eq!((s.resource, s.presented.get(), s.current.get()), (r.clone(), 5, 5)),
+        other => panic!("expected Stale, got {other:?}"),
+    }
+    drop(tx);
+    let rows: Vec<String> = c
+        .query("SELECT v FROM effects", &[])
+        .await
+        .expect("read")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(rows, ["five"], "the rejected transaction's effect must be gone");
+    assert_eq!(
+        postgres::last_token(&c, &r).await.expect("last").map(|t| t.get()),
+        Some(5)
+    );
+}
+
+#[tokio::test]
+async fn raw_sql_invalid_arguments_raise_lf002() {
+    let Some(c) = client().await else { return };
+    let r = unique_resource("raw-invalid");
+    for (token, mode) in [(0i64, "strict"), (-1, "strict"), (1, "loose")] {
+        let err = c
+            .execute("SELECT leasefence_admit($1, $2, $3)", &[&r.as_str(), &token, &mode])
+            .await
+            .expect_err("invalid argument must raise");
+        assert_eq!(
+            err.code().map(|c| c.code()),
+            Some(SQLSTATE_INVALID),
+            "{token} {mode}: {err:?}"
+        );
+        assert!(matches!(ArbiterError::from(err), ArbiterError::Invalid(_)));
+    }
+    assert_eq!(postgres::last_token(&c, &r).await.expect("last"), None);
+}
+
+#[tokio::test]
+async fn with_fence_commits_effect_and_token_together() {
+    let Some(mut c) = client().await else { return };
+    let r = unique_resource("with-fence");
+    c.batch_execute("CREATE TEMP TABLE effects (v text NOT NULL)")
+        .await
+        .expect("temp table");
+    let out = with_fence(&mut c, &fence(&r, 3), FenceMode::Strict, |tx| {
+        Box::pin(async move {
+            tx.execute("INSERT INTO effects VALUES ('three')", &[]).await?;
+            Ok::<_, ArbiterError>(33)
+        })
+    })
+    .await
+    .expect("admitted");
+    assert_eq!(out, 33);
+    assert_eq!(
+        postgres::last_token(&c, &r).await.expect("last").map(|t| t.get()),
+        Some(3)
+    );
+
+    let ran = Arc::new(AtomicBool::new(false));
+    let ran2 = Arc::clone(&ran);
+    let res = with_fence(&mut c, &fence(&r, 2), FenceMode::Strict, move |tx| {
+        Box::pin(async move {
+            ran2.store(true, Ordering::SeqCst);
+            tx.execute("INSERT INTO effects VALUES ('two')", &[]).await?;
+            Ok::<_, ArbiterError>(())
+        })
+    })
+    .await;
+    match res {
+        Err(ArbiterError::Stale(s)) => assert_eq!((s.presented.get(), s.current.get()), (2, 3)),
+        other => panic!("expected Stale, got {other:?}"),
+    }
+    assert!(!ran.load(Ordering::SeqCst), "the effect must not run after a rejection");
+
+    let failed = with_fence(&mut c, &fence(&r, 4), FenceMode::Strict, |tx| {
+        Box::pin(async move {
+            tx.execute("INSERT INTO effects VALUES ('four')", &[]).await?;
+            Err::<(), _>(ArbiterError::Task("effect failed on purpose".into()))
+        })
+    })
+    .await;
+    assert!(matches!(failed, Err(ArbiterError::Task(_))), "{failed:?}");
+    assert_eq!(
+        postgres::last_token(&c, &r).await.expect("last").map(|t| t.get()),
+        Some(3),
+        "token rolled back"
+    );
+    let rows: Vec<String> = c
+        .query("SELECT v FROM effects", &[])
+        .await
+        .expect("read")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(rows, ["three"]);
+}
+
+#[tokio::test]
+async fn missing_function_is_not_installed() {
+    let Some(url) = service_url(POSTGRES_URL) else { return };
+    let mut c = postgres::connect(&url).await.expect("connect");
+    c.batch_execute("SET search_path = leasefence_no_such_schema")
+        .await
+        .expect("set");
+    let tx = c.transaction().await.expect("begin");
+    let res = postgres::admit(&tx, &fence(&unique_resource("not-installed"), 1), FenceMode::Strict).await;
+    assert!(
+        matches!(res, Err(ArbiterError::NotInstalled { backend: "postgres" })),
+        "{res:?}"
+    );
+}
+
+#[tokio::test]
+async fn check_dispatches_on_postgres_and_postgresql_schemes() {
+    let Some(url) = service_url(POSTGRES_URL) else { return };
+    leasefence_arbiter::install(&url).await.expect("install");
+    let alt = match url.strip_prefix("postgres://") {
+        Some(rest) => format!("postgresql://{rest}"),
+        None => url.replacen("postgresql://", "postgres://", 1),
+    };
+    for u in [&url, &alt] {
+        let report = leasefence_arbiter::check(u, 5).await.expect("check");
+        assert!(report.passed(), "{report:?}");
+        assert_eq!(
+            (report.backend, report.trials, report.stale_rejected),
+            ("postgres", 5, 5)
+        );
+    }
+}
+
+#[tokio::test]
+async fn with_fence_works_on_a_pooled_connection() {
+    let Some(url) = service_url(POSTGRES_URL) else { return };
+    postgres::install_url(&url).await.expect("install");
+    let config: tokio_postgres::Config = url.parse().expect("url");
+    let manager = deadpool_postgres::Manager::new(config, tokio_postgres::NoTls);
+    let pool = deadpool_postgres::Pool::builder(manager)
+        .max_size(2)
+        .build()
+        .expect("pool");
+    let mut obj = pool.get().await.expect("connection");
+    let r = unique_resource("pooled");
+    with_fence(&mut obj, &fence(&r, 1), FenceMode::Strict, |_| {
+        Box::pin(async { Ok::<_, ArbiterError>(()) })
+    })
+    .await
+    .expect("admitted");
+    let again = with_fence(&mut obj, &fence(&r, 1), FenceMode::Strict, |_| {
+        Box::pin(async { Ok::<_, ArbiterError>(()) })
+    })
+    .await;
+    assert!(matches!(again, Err(ArbiterError::Stale(_))), "{again:?}");
+}

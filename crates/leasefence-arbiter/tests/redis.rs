@@ -1,0 +1,231 @@
+//! Redis arbiter against the real server in `LEASEFENCE_TEST_REDIS_URL`.
+
+#[macro_use]
+mod common;
+
+use std::sync::Arc;
+
+use common::{REDIS_URL, fence, service_url, unique_resource};
+use leasefence_arbiter::redis::{self as lf, fence_key};
+use leasefence_arbiter::targets::RedisTarget;
+use leasefence_arbiter::{ArbiterError, FenceMode, ResourceId};
+use redis::aio::MultiplexedConnection;
+
+async fn conn() -> Option<MultiplexedConnection> {
+    let url = service_url(REDIS_URL)?;
+    let mut c = lf::connect(&url).await.expect("connect");
+    lf::install(&mut c).await.expect("install");
+    Some(c)
+}
+
+async fn target() -> Option<(Arc<RedisTarget>, ())> {
+    let url = service_url(REDIS_URL)?;
+    lf::install_url(&url).await.expect("install");
+    Some((Arc::new(RedisTarget::connect(&url).await.expect("target")), ()))
+}
+
+mod suite {
+    use super::*;
+    conformance_tests!(target());
+    pause_kit_test!(pause_kit, target(), 25);
+}
+
+async fn get<T: redis::FromRedisValue>(c: &mut MultiplexedConnection, args: &[&str]) -> T {
+    redis::cmd(args[0])
+        .arg(&args[1..])
+        .query_async(c)
+        .await
+        .expect("command")
+}
+
+async fn forget(c: &mut MultiplexedConnection, r: &ResourceId, keys: &[&str]) {
+    let mut all = vec![fence_key(r)];
+    all.extend(keys.iter().map(|k| k.to_string()));
+    for k in all {
+        let _: u64 = redis::cmd("DEL").arg(k).query_async(c).await.expect("del");
+    }
+}
+
+fn expect_stale(res: Result<impl std::fmt::Debug, ArbiterError>, r: &ResourceId, presented: u64, current: u64) {
+    match res {
+        Err(ArbiterError::Stale(s)) => {
+            assert_eq!(
+                (&s.resource, s.presented.get(), s.current.get()),
+                (r, presented, current)
+            )
+        }
+        other => panic!("expected Stale {presented} over {current}, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn fenced_set_and_del() {
+    let Some(mut c) = conn().await else { return };
+    let r = unique_resource("set-del");
+    let key = format!("test:{{{r}}}:value");
+    lf::set(&mut c, &fence(&r, 2), FenceMode::Strict, &key, "two")
+        .await
+        .expect("set 2");
+    expect_stale(
+        lf::set(&mut c, &fence(&r, 1), FenceMode::Strict, &key, "one").await,
+        &r,
+        1,
+        2,
+    );
+    assert_eq!(get::<String>(&mut c, &["GET", &key]).await, "two");
+    expect_stale(
+        lf::del(&mut c, &fence(&r, 2), FenceMode::Strict, &[&key]).await,
+        &r,
+        2,
+        2,
+    );
+    assert_eq!(get::<String>(&mut c, &["GET", &key]).await, "two");
+    assert_eq!(
+        lf::del(&mut c, &fence(&r, 2), FenceMode::Monotonic, &[&key])
+            .await
+            .expect("del"),
+        1
+    );
+    assert_eq!(get::<Option<String>>(&mut c, &["GET", &key]).await, None);
+    assert_eq!(
+        lf::last_token(&mut c, &r).await.expect("last").map(|t| t.get()),
+        Some(2)
+    );
+    forget(&mut c, &r, &[&key]).await;
+}
+
+#[tokio::test]
+async fn fenced_hset_and_xadd() {
+    let Some(mut c) = conn().await else { return };
+    let r = unique_resource("hset-xadd");
+    let (hash, stream) = (format!("test:{{{r}}}:hash"), format!("test:{{{r}}}:stream"));
+    let added = lf::hset(
+        &mut c,
+        &fence(&r, 10),
+        FenceMode::Strict,
+        &hash,
+        &[("a", "1"), ("b", "2")],
+    )
+    .await;
+    assert_eq!(added.expect("hset"), 2);
+    expect_stale(
+        lf::hset(&mut c, &fence(&r, 10), FenceMode::Strict, &hash, &[("a", "late")]).await,
+        &r,
+        10,
+        10,
+    );
+    assert_eq!(get::<String>(&mut c, &["HGET", &hash, "a"]).await, "1");
+    let id = lf::xadd(&mut c, &fence(&r, 11), FenceMode::Strict, &stream, "*", &[("e", "x")])
+        .await
+        .expect("xadd");
+    assert!(id.contains('-'), "{id}");
+    expect_stale(
+        lf::xadd(&mut c, &fence(&r, 9), FenceMode::Monotonic, &stream, "*", &[("e", "y")]).await,
+        &r,
+        9,
+        11,
+    );
+    assert_eq!(get::<u64>(&mut c, &["XLEN", &stream]).await, 1);
+    forget(&mut c, &r, &[&hash, &stream]).await;
+}
+
+#[tokio::test]
+async fn failing_command_leaves_the_fence_unchanged() {
+    let Some(mut c) = conn().await else { return };
+    let r = unique_resource("wrongtype");
+    let key = format!("test:{{{r}}}:k");
+    lf::set(&mut c, &fence(&r, 1), FenceMode::Strict, &key, "a string")
+        .await
+        .expect("set");
+    let res = lf::hset(&mut c, &fence(&r, 2), FenceMode::Strict, &key, &[("f", "v")]).await;
+    assert!(
+        matches!(res, Err(ArbiterError::Redis(_))),
+        "HSET on a string must fail: {res:?}"
+    );
+    assert_eq!(
+        lf::last_token(&mut c, &r).await.expect("last").map(|t| t.get()),
+        Some(1)
+    );
+    forget(&mut c, &r, &[&key]).await;
+}
+
+#[tokio::test]
+async fn raw_fcall_reply_format_and_invalid_arguments() {
+    let Some(mut c) = conn().await else { return };
+    let r = unique_resource("raw fcall");
+    let (fk, key) = (fence_key(&r), format!("test:{{{r}}}:raw"));
+    let ok: String = get(
+        &mut c,
+        &[
+            "FCALL",
+            "leasefence_set",
+            "2",
+            &fk,
+            &key,
+            "18446744073709551615",
+            "strict",
+            "v",
+        ],
+    )
+    .await;
+    assert_eq!(ok, "OK");
+    let err = redis::cmd("FCALL")
+        .arg(&[
+            "leasefence_set",
+            "2",
+            &fk,
+            &key,
+            "18446744073709551614",
+            "monotonic",
+            "w",
+        ])
+        .query_async::<String>(&mut c)
+        .await
+        .expect_err("stale");
+    assert_eq!(err.code(), Some("STALE"));
+    assert_eq!(
+        err.detail(),
+        Some(format!("18446744073709551614 18446744073709551615 {r}").as_str())
+    );
+    for (token, mode) in [
+        ("0", "strict"),
+        ("18446744073709551616", "strict"),
+        ("007", "strict"),
+        ("5", "loose"),
+    ] {
+        let e = redis::cmd("FCALL")
+            .arg(&["leasefence_set", "2", &fk, &key, token, mode, "w"])
+            .query_async::<String>(&mut c)
+            .await
+            .expect_err("invalid");
+        assert_eq!(e.code(), Some("LFINVALID"), "{token} {mode}: {e}");
+    }
+    let mut bad_fence = redis::cmd("FCALL");
+    bad_fence.arg(&["leasefence_set", "2", "not-a-fence", &key, "1", "strict", "w"]);
+    let e = bad_fence
+        .query_async::<String>(&mut c)
+        .await
+        .expect_err("bad fence key");
+    assert_eq!(e.code(), Some("LFINVALID"));
+    assert_eq!(get::<String>(&mut c, &["GET", &key]).await, "v");
+    forget(&mut c, &r, &[&key]).await;
+}
+
+#[tokio::test]
+async fn install_is_idempotent_and_reports_the_version() {
+    let Some(mut c) = conn().await else { return };
+    lf::install(&mut c).await.expect("second install");
+    assert_eq!(
+        lf::installed_version(&mut c).await.expect("version").as_deref(),
+        Some(lf::LIBRARY_VERSION)
+    );
+}
+
+#[tokio::test]
+async fn check_dispatches_on_redis_scheme() {
+    let Some(url) = service_url(REDIS_URL) else { return };
+    leasefence_arbiter::install(&url).await.expect("install");
+    let report = leasefence_arbiter::check(&url, 5).await.expect("check");
+    assert!(report.passed(), "{report:?}");
+    assert_eq!((report.backend, report.stale_rejected), ("redis", 5));
+}
