@@ -1,1 +1,125 @@
-//! stub
+//! The `leasefence.v1` gRPC API: generated types, and the explicit mapping
+//! between core outcomes and gRPC statuses (shared by server and client, so
+//! both sides agree on what a refusal means).
+
+#[allow(clippy::all, clippy::pedantic)]
+pub mod v1 {
+    tonic::include_proto!("leasefence.v1");
+}
+
+use std::time::Duration;
+
+use leasefence_core::{Holder, Invalid, LeaseError, ResourceId, Token};
+use tonic::metadata::MetadataValue;
+use tonic::{Code, Status};
+
+/// Metadata key naming the kind of refusal.
+pub const META_ERROR: &str = "leasefence-error";
+pub const META_HOLDER: &str = "leasefence-holder";
+pub const META_TOKEN: &str = "leasefence-token";
+pub const META_EXPIRES_IN_MS: &str = "leasefence-expires-in-ms";
+
+/// Stable names of the refusals, as used in gRPC metadata and HTTP bodies.
+pub fn error_kind(e: &LeaseError) -> &'static str {
+    match e {
+        LeaseError::Busy { .. } => "busy",
+        LeaseError::LeaseLost { .. } => "lease_lost",
+        LeaseError::TooManyWaiters { .. } => "too_many_waiters",
+        LeaseError::TokensExhausted { .. } => "tokens_exhausted",
+        LeaseError::Invalid(_) => "invalid",
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Maps a core refusal to its gRPC status (see the `.proto` for the table).
+pub fn error_to_status(e: &LeaseError) -> Status {
+    let code = match e {
+        LeaseError::Busy { .. } => Code::FailedPrecondition,
+        LeaseError::LeaseLost { .. } => Code::NotFound,
+        LeaseError::TooManyWaiters { .. } => Code::ResourceExhausted,
+        LeaseError::TokensExhausted { .. } => Code::OutOfRange,
+        LeaseError::Invalid(_) => Code::InvalidArgument,
+    };
+    let mut status = Status::new(code, e.to_string());
+    let md = status.metadata_mut();
+    md.insert(META_ERROR, MetadataValue::from_static(error_kind(e)));
+    if let LeaseError::Busy {
+        holder,
+        token,
+        expires_in,
+        ..
+    } = e
+    {
+        // Holder names have no control characters, but may be non-ASCII: send
+        // them as binary-safe only when they are visible ASCII.
+        if let Ok(v) = holder.as_str().parse() {
+            md.insert(META_HOLDER, v);
+        }
+        md.insert(META_TOKEN, MetadataValue::from(token.get()));
+        md.insert(META_EXPIRES_IN_MS, MetadataValue::from(millis(*expires_in)));
+    }
+    status
+}
+
+/// Recovers the core refusal from a status produced by [`error_to_status`];
+/// `None` for anything else (transport and internal errors).
+pub fn status_to_error(resource: &ResourceId, s: &Status) -> Option<LeaseError> {
+    let md = s.metadata();
+    let get = |k: &str| md.get(k).and_then(|v| v.to_str().ok());
+    let resource = resource.clone();
+    match get(META_ERROR)? {
+        "busy" => Some(LeaseError::Busy {
+            resource,
+            holder: get(META_HOLDER)
+                .and_then(|h| Holder::new(h).ok())
+                .or_else(|| Holder::new("unknown").ok())?,
+            token: get(META_TOKEN).and_then(|t| t.parse().ok()).and_then(Token::new)?,
+            expires_in: Duration::from_millis(get(META_EXPIRES_IN_MS).and_then(|t| t.parse().ok())?),
+        }),
+        "lease_lost" => Some(LeaseError::LeaseLost { resource }),
+        "too_many_waiters" => Some(LeaseError::TooManyWaiters { resource, max: 0 }),
+        "tokens_exhausted" => Some(LeaseError::TokensExhausted { resource }),
+        "invalid" => Some(LeaseError::Invalid(invalid_from_message(s.message()))),
+        _ => None,
+    }
+}
+
+/// Rebuilds an [`Invalid`] from its display form `invalid FIELD: what is allowed`.
+fn invalid_from_message(msg: &str) -> Invalid {
+    const FIELDS: [&str; 8] = [
+        "resource", "holder", "ttl_ms", "wait_ms", "lease_id", "body", "token", "mode",
+    ];
+    let parsed = msg.strip_prefix("invalid ").and_then(|rest| rest.split_once(": "));
+    match parsed.and_then(|(field, what)| FIELDS.iter().find(|f| **f == field).map(|f| (*f, what))) {
+        Some((field, what)) => Invalid::new(field, what),
+        None => Invalid::new("request", msg),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn busy_round_trips_through_a_status() {
+        let r = ResourceId::new("orders/1").expect("valid");
+        let e = LeaseError::Busy {
+            resource: r.clone(),
+            holder: Holder::new("worker-a").expect("valid"),
+            token: Token::new(41).expect("non-zero"),
+            expires_in: Duration::from_millis(900),
+        };
+        let s = error_to_status(&e);
+        assert_eq!(s.code(), Code::FailedPrecondition);
+        assert_eq!(status_to_error(&r, &s), Some(e));
+        let lost = LeaseError::LeaseLost { resource: r.clone() };
+        assert_eq!(error_to_status(&lost).code(), Code::NotFound);
+        assert_eq!(status_to_error(&r, &error_to_status(&lost)), Some(lost));
+        assert_eq!(status_to_error(&r, &Status::unavailable("down")), None);
+        let bad = LeaseError::Invalid(Invalid::new("ttl_ms", "must be in 100..=200 ms, got 5 ms"));
+        assert_eq!(status_to_error(&r, &error_to_status(&bad)), Some(bad));
+    }
+}

@@ -1,1 +1,88 @@
-//! stub
+//! The leasefence coordinator: the lease machine of `leasefence-core` driven by
+//! a real clock, backed by a durable store, served over gRPC and HTTP/JSON on
+//! one port.
+//!
+//! - [`engine`]: the shared state, the one place that reads the clock, executes
+//!   the core's effects (persist, then answer), queues waiters and reaps expiries.
+//! - [`grpc`] and [`http`]: thin edges that validate wire input into core types.
+//! - [`Server`]: binds the port, recovers the store, serves until shutdown.
+
+pub mod config;
+pub mod engine;
+mod error;
+mod grpc;
+mod http;
+mod wire;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+pub use config::ServerConfig;
+pub use engine::Engine;
+pub use error::ApiError;
+use leasefence_store::{Committer, EmbeddedStore, LeaseStore, StoreError};
+use tokio::net::TcpListener;
+
+/// Why the server could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("server failed: {0}")]
+    Serve(std::io::Error),
+}
+
+/// A bound, recovered coordinator, ready to serve.
+pub struct Server {
+    listener: TcpListener,
+    engine: Arc<Engine>,
+}
+
+impl Server {
+    /// Opens the embedded store under `config.data_dir`, recovers it and binds.
+    pub async fn bind(config: ServerConfig) -> Result<Server, ServerError> {
+        let store = EmbeddedStore::open_dir(&config.data_dir)?;
+        Server::bind_with_store(config, store).await
+    }
+
+    /// Like [`Server::bind`] with any store backend.
+    pub async fn bind_with_store<S: LeaseStore>(config: ServerConfig, mut store: S) -> Result<Server, ServerError> {
+        let records = store.load()?;
+        let recovered = records.len();
+        let committer = Committer::start(store, config.batch_max);
+        let engine = Engine::start(config.lease.clone(), config.wait_max, committer, records);
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| ServerError::Bind {
+                addr: config.listen,
+                source,
+            })?;
+        tracing::info!(resources = recovered, "store recovered");
+        Ok(Server { listener, engine })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
+    /// Serves gRPC and HTTP/JSON on the bound port until `shutdown` completes.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
+        let grpc = tonic::service::Routes::new(grpc::service(self.engine.clone()))
+            .prepare()
+            .into_axum_router();
+        let app = http::router(self.engine.clone()).merge(grpc);
+        if let Ok(addr) = self.listener.local_addr() {
+            tracing::info!(%addr, "serving gRPC and HTTP");
+        }
+        let result = axum::serve(self.listener, app).with_graceful_shutdown(shutdown).await;
+        self.engine.stop();
+        result.map_err(ServerError::Serve)
+    }
+}

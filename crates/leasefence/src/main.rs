@@ -1,1 +1,75 @@
-fn main() {}
+//! The `leasefence` command line: the coordinator (`serve`), its client
+//! commands, the arbiter tools, the demo and the benchmark.
+//!
+//! Exit codes: 0 ok, 1 unreachable or internal error, 2 invalid input,
+//! 3 busy (held by another), 4 lease lost or unknown lease, 5 a check found
+//! stale effects accepted.
+
+mod arbiter_cmd;
+mod bench;
+mod cli;
+mod client_cmds;
+mod demo;
+mod serve;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+/// A failure with the exit code it maps to.
+#[derive(Debug)]
+pub struct Failure {
+    pub code: u8,
+    pub error: anyhow::Error,
+}
+
+impl Failure {
+    pub const INTERNAL: u8 = 1;
+    pub const INVALID: u8 = 2;
+    pub const BUSY: u8 = 3;
+    pub const LOST: u8 = 4;
+    pub const CHECK_FAILED: u8 = 5;
+
+    pub fn new(code: u8, error: impl Into<anyhow::Error>) -> Failure {
+        Failure {
+            code,
+            error: error.into(),
+        }
+    }
+
+    pub fn invalid(msg: impl std::fmt::Display) -> Failure {
+        Failure::new(Failure::INVALID, anyhow::anyhow!("{msg}"))
+    }
+}
+
+impl<E: Into<anyhow::Error>> From<E> for Failure {
+    fn from(e: E) -> Failure {
+        Failure::new(Failure::INTERNAL, e)
+    }
+}
+
+pub type CmdResult = Result<(), Failure>;
+
+fn main() -> ExitCode {
+    let args = cli::Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("LEASEFENCE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(args.default_log_level()));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(Failure::INTERNAL);
+        }
+    };
+    match runtime.block_on(cli::run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("error: {:#}", f.error);
+            ExitCode::from(f.code)
+        }
+    }
+}

@@ -1,0 +1,35 @@
+//! Server configuration: one struct, validated where it is built.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Everything the coordinator needs to start.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    /// TTL bounds and the waiter limit.
+    pub lease: leasefence_core::Config,
+    /// The longest an acquire may wait for a busy resource.
+    pub wait_max: Duration,
+    /// The most mutations in one store transaction.
+    pub batch_max: usize,
+}
+
+impl ServerConfig {
+    pub const DEFAULT_LISTEN: &'static str = "127.0.0.1:7740";
+    pub const DEFAULT_DATA_DIR: &'static str = "leasefence-data";
+    pub const DEFAULT_WAIT_MAX: Duration = Duration::from_secs(300);
+    pub const DEFAULT_BATCH_MAX: usize = 4096;
+
+    pub fn new(listen: SocketAddr, data_dir: PathBuf) -> ServerConfig {
+        ServerConfig {
+            listen,
+            data_dir,
+            lease: leasefence_core::Config::default(),
+            wait_max: Self::DEFAULT_WAIT_MAX,
+            batch_max: Self::DEFAULT_BATCH_MAX,
+        }
+    }
+}

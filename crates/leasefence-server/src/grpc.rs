@@ -1,0 +1,131 @@
+//! The gRPC edge (`leasefence.v1.Leases`): decode, validate, call the engine,
+//! encode. Refusals map to statuses through `leasefence_proto`.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use leasefence_core::{Grant, LeaseError};
+use leasefence_proto::error_to_status;
+use leasefence_proto::v1::leases_server::{Leases, LeasesServer};
+use leasefence_proto::v1::{self as pb};
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::{ApiError, Engine, wire};
+
+pub fn service(engine: Arc<Engine>) -> LeasesServer<GrpcLeases> {
+    LeasesServer::new(GrpcLeases { engine })
+}
+
+pub struct GrpcLeases {
+    engine: Arc<Engine>,
+}
+
+fn status(e: ApiError) -> Status {
+    match e {
+        ApiError::Lease(e) => error_to_status(&e),
+        ApiError::Store(e) => Status::internal(e.to_string()),
+        ApiError::ShuttingDown => Status::unavailable("coordinator is shutting down"),
+    }
+}
+
+fn invalid(e: leasefence_core::Invalid) -> Status {
+    error_to_status(&LeaseError::Invalid(e))
+}
+
+fn lease(engine: &Engine, g: &Grant) -> pb::Lease {
+    pb::Lease {
+        resource: g.resource.to_string(),
+        token: g.token.get(),
+        lease_id: g.lease_id.to_hex(),
+        ttl_ms: wire::millis(g.ttl),
+        expires_in_ms: wire::expires_in_ms(g, engine.now()),
+        holder: g.holder.to_string(),
+    }
+}
+
+type LeaseStream = Pin<Box<dyn Stream<Item = Result<pb::Lease, Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl Leases for GrpcLeases {
+    async fn acquire(&self, request: Request<pb::AcquireRequest>) -> Result<Response<pb::Lease>, Status> {
+        let r = request.into_inner();
+        let req = wire::acquire(&r.resource, r.ttl_ms, Some(&r.holder), r.wait_ms).map_err(invalid)?;
+        let grant = self.engine.acquire(req).await.map_err(status)?;
+        Ok(Response::new(lease(&self.engine, &grant)))
+    }
+
+    async fn renew(&self, request: Request<pb::RenewRequest>) -> Result<Response<pb::Lease>, Status> {
+        let r = request.into_inner();
+        let resource = wire::resource(&r.resource).map_err(invalid)?;
+        let id = wire::lease_id(&r.lease_id).map_err(invalid)?;
+        let grant = self.engine.renew(&resource, &id).map_err(status)?;
+        Ok(Response::new(lease(&self.engine, &grant)))
+    }
+
+    type KeepAliveStream = LeaseStream;
+
+    async fn keep_alive(
+        &self,
+        request: Request<Streaming<pb::RenewRequest>>,
+    ) -> Result<Response<Self::KeepAliveStream>, Status> {
+        let engine = self.engine.clone();
+        let mut incoming = request.into_inner();
+        let out = async_stream(move |tx| async move {
+            while let Some(msg) = incoming.next().await {
+                let reply = match msg {
+                    Err(e) => Err(e),
+                    Ok(r) => (|| {
+                        let resource = wire::resource(&r.resource).map_err(invalid)?;
+                        let id = wire::lease_id(&r.lease_id).map_err(invalid)?;
+                        let grant = engine.renew(&resource, &id).map_err(status)?;
+                        Ok(lease(&engine, &grant))
+                    })(),
+                };
+                let failed = reply.is_err();
+                if tx.send(reply).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(out))
+    }
+
+    async fn release(&self, request: Request<pb::ReleaseRequest>) -> Result<Response<pb::Released>, Status> {
+        let r = request.into_inner();
+        let resource = wire::resource(&r.resource).map_err(invalid)?;
+        let id = wire::lease_id(&r.lease_id).map_err(invalid)?;
+        let token = self.engine.release(&resource, &id).await.map_err(status)?;
+        Ok(Response::new(pb::Released {
+            resource: r.resource,
+            token: token.get(),
+        }))
+    }
+
+    async fn get(&self, request: Request<pb::GetRequest>) -> Result<Response<pb::ResourceStatus>, Status> {
+        let r = request.into_inner();
+        let resource = wire::resource(&r.resource).map_err(invalid)?;
+        let s = self.engine.status(&resource);
+        Ok(Response::new(pb::ResourceStatus {
+            resource: r.resource,
+            last_token: s.last_token.map_or(0, |t| t.get()),
+            held: s.held.map(|h| pb::Holder {
+                holder: h.holder.to_string(),
+                token: h.token.get(),
+                expires_in_ms: wire::millis(h.expires_in),
+            }),
+            waiters: u32::try_from(s.waiters).unwrap_or(u32::MAX),
+        }))
+    }
+}
+
+/// A stream fed by a task: the producer ends the stream by returning.
+fn async_stream<F, Fut>(producer: F) -> LeaseStream
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<Result<pb::Lease, Status>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    tokio::spawn(producer(tx));
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}

@@ -1,0 +1,173 @@
+//! The HTTP/JSON edge: the same operations as gRPC, for curl and for languages
+//! without a gRPC stack. Bodies are parsed by hand from bytes so that a bad
+//! body gets the same `400 {"error":"invalid","message":…}` as a bad field.
+//!
+//! | route | body | success |
+//! |---|---|---|
+//! | `POST /v1/acquire` | `{"resource","ttl_ms","holder"?,"wait_ms"?}` | lease |
+//! | `POST /v1/renew` | `{"resource","lease_id"}` | lease |
+//! | `POST /v1/release` | `{"resource","lease_id"}` | `{"resource","token","released":true}` |
+//! | `GET /v1/status?resource=R` | — | status |
+//! | `GET /healthz` | — | `ok` |
+//!
+//! Refusals: busy 409, lease_lost 410, too_many_waiters 429, tokens_exhausted
+//! 409, invalid 400, storage failure 500, shutting down 503.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use leasefence_core::{Grant, Invalid, LeaseError};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use crate::{ApiError, Engine, wire};
+
+pub fn router(engine: Arc<Engine>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/v1/acquire", post(acquire))
+        .route("/v1/renew", post(renew))
+        .route("/v1/release", post(release))
+        .route("/v1/status", get(status))
+        .with_state(engine)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AcquireBody {
+    resource: String,
+    ttl_ms: u64,
+    #[serde(default)]
+    holder: Option<String>,
+    #[serde(default)]
+    wait_ms: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LeaseBody {
+    resource: String,
+    lease_id: String,
+}
+
+#[derive(Deserialize)]
+struct StatusQuery {
+    resource: Option<String>,
+}
+
+struct Failure(StatusCode, Value);
+
+impl IntoResponse for Failure {
+    fn into_response(self) -> Response {
+        (self.0, axum::Json(self.1)).into_response()
+    }
+}
+
+impl From<Invalid> for Failure {
+    fn from(e: Invalid) -> Failure {
+        ApiError::Lease(LeaseError::Invalid(e)).into()
+    }
+}
+
+impl From<ApiError> for Failure {
+    fn from(e: ApiError) -> Failure {
+        let message = e.to_string();
+        match e {
+            ApiError::Lease(e) => {
+                let kind = leasefence_proto::error_kind(&e);
+                let mut body = json!({ "error": kind, "message": message });
+                let code = match &e {
+                    LeaseError::Busy {
+                        resource,
+                        holder,
+                        token,
+                        expires_in,
+                    } => {
+                        body["resource"] = json!(resource.as_str());
+                        body["holder"] = json!(holder.as_str());
+                        body["token"] = json!(token.get());
+                        body["expires_in_ms"] = json!(wire::millis(*expires_in));
+                        StatusCode::CONFLICT
+                    }
+                    LeaseError::LeaseLost { .. } => StatusCode::GONE,
+                    LeaseError::TooManyWaiters { .. } => StatusCode::TOO_MANY_REQUESTS,
+                    LeaseError::TokensExhausted { .. } => StatusCode::CONFLICT,
+                    LeaseError::Invalid(_) => StatusCode::BAD_REQUEST,
+                };
+                Failure(code, body)
+            }
+            ApiError::Store(_) => Failure(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                json!({ "error": "storage", "message": message }),
+            ),
+            ApiError::ShuttingDown => Failure(
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({ "error": "shutting_down", "message": message }),
+            ),
+        }
+    }
+}
+
+fn parse<T: DeserializeOwned>(body: &Bytes, shape: &str) -> Result<T, Failure> {
+    serde_json::from_slice(body).map_err(|e| Invalid::new("body", format!("{e}; expected JSON {shape}")).into())
+}
+
+fn lease_json(engine: &Engine, g: &Grant) -> Value {
+    json!({
+        "resource": g.resource.as_str(),
+        "token": g.token.get(),
+        "lease_id": g.lease_id.to_hex(),
+        "ttl_ms": wire::millis(g.ttl),
+        "expires_in_ms": wire::expires_in_ms(g, engine.now()),
+        "holder": g.holder.as_str(),
+    })
+}
+
+const ACQUIRE_SHAPE: &str = r#"{"resource": string, "ttl_ms": integer, "holder"?: string, "wait_ms"?: integer}"#;
+const LEASE_SHAPE: &str = r#"{"resource": string, "lease_id": string}"#;
+
+async fn acquire(State(engine): State<Arc<Engine>>, body: Bytes) -> Result<axum::Json<Value>, Failure> {
+    let b: AcquireBody = parse(&body, ACQUIRE_SHAPE)?;
+    let req = wire::acquire(&b.resource, b.ttl_ms, b.holder.as_deref(), b.wait_ms)?;
+    let grant = engine.acquire(req).await?;
+    Ok(axum::Json(lease_json(&engine, &grant)))
+}
+
+async fn renew(State(engine): State<Arc<Engine>>, body: Bytes) -> Result<axum::Json<Value>, Failure> {
+    let b: LeaseBody = parse(&body, LEASE_SHAPE)?;
+    let grant = engine.renew(&wire::resource(&b.resource)?, &wire::lease_id(&b.lease_id)?)?;
+    Ok(axum::Json(lease_json(&engine, &grant)))
+}
+
+async fn release(State(engine): State<Arc<Engine>>, body: Bytes) -> Result<axum::Json<Value>, Failure> {
+    let b: LeaseBody = parse(&body, LEASE_SHAPE)?;
+    let token = engine
+        .release(&wire::resource(&b.resource)?, &wire::lease_id(&b.lease_id)?)
+        .await?;
+    Ok(axum::Json(
+        json!({ "resource": b.resource, "token": token.get(), "released": true }),
+    ))
+}
+
+async fn status(
+    State(engine): State<Arc<Engine>>,
+    query: Result<Query<StatusQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<axum::Json<Value>, Failure> {
+    let resource = query.ok().and_then(|Query(q)| q.resource).unwrap_or_default();
+    let s = engine.status(&wire::resource(&resource)?);
+    let held = s.held.as_ref();
+    Ok(axum::Json(json!({
+        "resource": s.resource.as_str(),
+        "last_token": s.last_token.map(|t| t.get()),
+        "holder": held.map(|h| h.holder.as_str()),
+        "token": held.map(|h| h.token.get()),
+        "expires_in_ms": held.map(|h| wire::millis(h.expires_in)),
+        "waiters": s.waiters,
+    })))
+}

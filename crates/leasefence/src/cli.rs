@@ -1,0 +1,133 @@
+//! Command-line arguments (clap) and dispatch to the commands.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::{CmdResult, arbiter_cmd, bench, client_cmds, demo, serve};
+
+/// leasefence: leases with fencing tokens, and the arbiters that enforce them.
+#[derive(Parser, Debug)]
+#[command(name = "leasefence", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+impl Cli {
+    pub fn default_log_level(&self) -> &'static str {
+        match self.command {
+            Command::Serve(_) => "info",
+            _ => "warn",
+        }
+    }
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the coordinator on its embedded store.
+    Serve(ServeArgs),
+    /// Acquire a lease; prints its token and lease id.
+    Acquire(AcquireArgs),
+    /// Renew a lease (keeps its token).
+    Renew(LeaseArgs),
+    /// Release a lease.
+    Release(LeaseArgs),
+    /// Show who holds a resource and its last token.
+    Status(StatusArgs),
+    /// Resource-side arbiters: install, check.
+    #[command(subcommand)]
+    Arbiter(arbiter_cmd::ArbiterCommand),
+    /// The paused-worker story, end to end, in one process.
+    Demo,
+    /// Measure acquire+release throughput and latency through a coordinator.
+    Bench(bench::BenchArgs),
+}
+
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 10s, 2m)"))
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Address for gRPC and HTTP/JSON.
+    #[arg(long, default_value = leasefence_server::ServerConfig::DEFAULT_LISTEN, env = "LEASEFENCE_LISTEN")]
+    pub listen: SocketAddr,
+    /// Directory of the embedded store (created if missing).
+    #[arg(long, default_value = leasefence_server::ServerConfig::DEFAULT_DATA_DIR, env = "LEASEFENCE_DATA_DIR")]
+    pub data_dir: PathBuf,
+    /// Shortest TTL a client may ask for.
+    #[arg(long, default_value = "100ms", value_parser = parse_duration)]
+    pub ttl_min: Duration,
+    /// Longest TTL a client may ask for.
+    #[arg(long, default_value = "1h", value_parser = parse_duration)]
+    pub ttl_max: Duration,
+    /// Longest an acquire may wait for a busy resource.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub wait_max: Duration,
+    /// Most acquires queued on one resource.
+    #[arg(long, default_value_t = 1024)]
+    pub waiters_max: usize,
+}
+
+#[derive(Args, Debug)]
+pub struct ServerArg {
+    /// Coordinator URL.
+    #[arg(long, default_value = "http://127.0.0.1:7740", env = "LEASEFENCE_SERVER")]
+    pub server: String,
+}
+
+#[derive(Args, Debug)]
+pub struct AcquireArgs {
+    pub resource: String,
+    /// Lease time to live.
+    #[arg(long, value_parser = parse_duration)]
+    pub ttl: Duration,
+    /// Holder name shown to others (default: HOST:PID).
+    #[arg(long)]
+    pub holder: Option<String>,
+    /// Wait up to this long for a busy resource (default: fail at once).
+    #[arg(long, value_parser = parse_duration, default_value = "0s")]
+    pub wait: Duration,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub server: ServerArg,
+}
+
+#[derive(Args, Debug)]
+pub struct LeaseArgs {
+    pub resource: String,
+    /// The lease id printed by acquire.
+    #[arg(long)]
+    pub lease_id: String,
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub server: ServerArg,
+}
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    pub resource: String,
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub server: ServerArg,
+}
+
+pub async fn run(cli: Cli) -> CmdResult {
+    match cli.command {
+        Command::Serve(a) => serve::run(a).await,
+        Command::Acquire(a) => client_cmds::acquire(a).await,
+        Command::Renew(a) => client_cmds::renew(a).await,
+        Command::Release(a) => client_cmds::release(a).await,
+        Command::Status(a) => client_cmds::status(a).await,
+        Command::Arbiter(c) => arbiter_cmd::run(c).await,
+        Command::Demo => demo::run().await,
+        Command::Bench(a) => bench::run(a).await,
+    }
+}

@@ -1,0 +1,128 @@
+//! `acquire`, `renew`, `release`, `status`: one call each to a coordinator.
+
+use leasefence_client::{Client, ClientError, LeaseInfo};
+use leasefence_core::{Holder, LeaseError, LeaseId, ResourceId};
+use serde_json::json;
+
+use crate::cli::{AcquireArgs, LeaseArgs, StatusArgs};
+use crate::{CmdResult, Failure};
+
+/// Maps a client error to the documented exit codes.
+pub fn failure(e: ClientError) -> Failure {
+    let code = match &e {
+        ClientError::Lease(LeaseError::Busy { .. } | LeaseError::TooManyWaiters { .. }) => Failure::BUSY,
+        ClientError::Lease(LeaseError::LeaseLost { .. }) => Failure::LOST,
+        ClientError::Lease(LeaseError::Invalid(_)) | ClientError::Invalid(_) => Failure::INVALID,
+        ClientError::Lease(LeaseError::TokensExhausted { .. }) => Failure::INTERNAL,
+        ClientError::Transport { .. } | ClientError::Server(_) => Failure::INTERNAL,
+    };
+    Failure::new(code, e)
+}
+
+fn resource(s: &str) -> Result<ResourceId, Failure> {
+    ResourceId::new(s).map_err(Failure::invalid)
+}
+
+fn lease_id(s: &str) -> Result<LeaseId, Failure> {
+    LeaseId::parse_hex(s).map_err(Failure::invalid)
+}
+
+async fn connect(url: &str) -> Result<Client, Failure> {
+    Client::connect(url).await.map_err(failure)
+}
+
+fn default_holder() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "host".to_string());
+    format!("{host}:{}", std::process::id())
+}
+
+fn print_lease(l: &LeaseInfo, as_json: bool, verb: &str) {
+    if as_json {
+        let v = json!({
+            "resource": l.resource.as_str(),
+            "token": l.token.get(),
+            "lease_id": l.lease_id.to_hex(),
+            "ttl_ms": u64::try_from(l.ttl.as_millis()).unwrap_or(u64::MAX),
+            "expires_in_ms": u64::try_from(l.expires_in.as_millis()).unwrap_or(u64::MAX),
+            "holder": l.holder.as_str(),
+        });
+        println!("{v}");
+    } else {
+        println!(
+            "{verb} {} token={} lease_id={} ttl={} holder={}",
+            l.resource,
+            l.token,
+            l.lease_id.to_hex(),
+            humantime::format_duration(l.ttl),
+            l.holder
+        );
+    }
+}
+
+pub async fn acquire(a: AcquireArgs) -> CmdResult {
+    let res = resource(&a.resource)?;
+    let holder = Holder::new(&a.holder.unwrap_or_else(default_holder)).map_err(Failure::invalid)?;
+    let client = connect(&a.server.server).await?;
+    let lease = client
+        .acquire(&res, a.ttl, Some(&holder), a.wait)
+        .await
+        .map_err(failure)?;
+    print_lease(&lease, a.json, "acquired");
+    Ok(())
+}
+
+pub async fn renew(a: LeaseArgs) -> CmdResult {
+    let (res, id) = (resource(&a.resource)?, lease_id(&a.lease_id)?);
+    let client = connect(&a.server.server).await?;
+    let lease = client.renew(&res, &id).await.map_err(failure)?;
+    print_lease(&lease, a.json, "renewed");
+    Ok(())
+}
+
+pub async fn release(a: LeaseArgs) -> CmdResult {
+    let (res, id) = (resource(&a.resource)?, lease_id(&a.lease_id)?);
+    let client = connect(&a.server.server).await?;
+    let token = client.release(&res, &id).await.map_err(failure)?;
+    if a.json {
+        println!(
+            "{}",
+            json!({ "resource": res.as_str(), "token": token.get(), "released": true })
+        );
+    } else {
+        println!("released {res} token={token}");
+    }
+    Ok(())
+}
+
+pub async fn status(a: StatusArgs) -> CmdResult {
+    let res = resource(&a.resource)?;
+    let client = connect(&a.server.server).await?;
+    let s = client.status(&res).await.map_err(failure)?;
+    if a.json {
+        let held = s.held.as_ref();
+        let v = json!({
+            "resource": res.as_str(),
+            "last_token": s.last_token.map(|t| t.get()),
+            "holder": held.map(|h| h.0.as_str()),
+            "token": held.map(|h| h.1.get()),
+            "expires_in_ms": held.map(|h| u64::try_from(h.2.as_millis()).unwrap_or(u64::MAX)),
+            "waiters": s.waiters,
+        });
+        println!("{v}");
+    } else {
+        let last = s.last_token.map_or("none".to_string(), |t| t.to_string());
+        match &s.held {
+            Some((holder, token, left)) => println!(
+                "{res}: held by {holder} token={token} expires_in={} last_token={last} waiters={}",
+                humantime::format_duration(*left),
+                s.waiters
+            ),
+            None => println!("{res}: not held last_token={last}"),
+        }
+    }
+    Ok(())
+}

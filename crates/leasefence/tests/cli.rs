@@ -1,0 +1,91 @@
+//! The CLI against the real binary: JSON output, exit codes (0 ok, 1
+//! unreachable, 2 invalid, 3 busy, 4 lease lost), and the demo's story.
+
+mod common;
+
+use common::{Coordinator, cli};
+use serde_json::Value;
+
+#[test]
+fn acquire_status_renew_release_and_exit_codes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Coordinator::start(dir.path(), &[]);
+    let s = c.url.as_str();
+
+    let (code, out, err) = cli(&[
+        "acquire", "jobs/7", "--ttl", "10s", "--holder", "me", "--json", "--server", s,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let lease: Value = serde_json::from_str(out.trim()).expect("one JSON object");
+    assert_eq!(
+        (
+            lease["resource"].as_str(),
+            lease["token"].as_u64(),
+            lease["ttl_ms"].as_u64()
+        ),
+        (Some("jobs/7"), Some(1), Some(10_000))
+    );
+    let id = lease["lease_id"].as_str().expect("lease id").to_string();
+
+    let (code, _, err) = cli(&["acquire", "jobs/7", "--ttl", "10s", "--server", s]);
+    assert_eq!(code, 3, "busy: {err}");
+    assert!(err.contains("held by me"), "{err}");
+
+    let (code, out, _) = cli(&["status", "jobs/7", "--json", "--server", s]);
+    assert_eq!(code, 0);
+    let st: Value = serde_json::from_str(out.trim()).expect("json");
+    assert_eq!(
+        (st["last_token"].as_u64(), st["holder"].as_str()),
+        (Some(1), Some("me"))
+    );
+
+    let (code, out, _) = cli(&["renew", "jobs/7", "--lease-id", &id, "--json", "--server", s]);
+    assert_eq!(code, 0);
+    assert_eq!(serde_json::from_str::<Value>(out.trim()).expect("json")["token"], 1);
+
+    let other = "0".repeat(32);
+    let (code, _, _) = cli(&["renew", "jobs/7", "--lease-id", &other, "--server", s]);
+    assert_eq!(code, 4, "unknown lease id");
+
+    let (code, _, _) = cli(&["release", "jobs/7", "--lease-id", &id, "--server", s]);
+    assert_eq!(code, 0);
+    let (code, out, _) = cli(&["status", "jobs/7", "--json", "--server", s]);
+    assert_eq!(code, 0);
+    let st: Value = serde_json::from_str(out.trim()).expect("json");
+    assert_eq!(
+        (st["last_token"].as_u64(), st["holder"].clone()),
+        (Some(1), Value::Null),
+        "unheld: holder null"
+    );
+
+    let (code, _, _) = cli(&["release", "jobs/7", "--lease-id", &id, "--server", s]);
+    assert_eq!(code, 4, "second release: lease lost");
+
+    for bad in [
+        vec!["acquire", "jobs/7", "--ttl", "1ms", "--server", s],
+        vec!["acquire", "", "--ttl", "1s", "--server", s],
+        vec!["acquire", "jobs/7", "--ttl", "soon", "--server", s],
+        vec!["renew", "jobs/7", "--lease-id", "xyz", "--server", s],
+    ] {
+        let (code, _, err) = cli(&bad);
+        assert_eq!(code, 2, "{bad:?}: {err}");
+        assert!(!err.is_empty(), "{bad:?} must say what was wrong");
+    }
+
+    let (code, _, err) = cli(&["status", "jobs/7", "--server", "http://127.0.0.1:1"]);
+    assert_eq!(code, 1, "unreachable: {err}");
+    assert!(err.contains("cannot reach"), "{err}");
+}
+
+#[test]
+fn demo_tells_the_paused_worker_story_and_rejects_the_stale_write() {
+    let (code, out, err) = cli(&["demo"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("worker-a acquires reports/daily: token 1"), "{out}");
+    assert!(out.contains("worker-b acquires reports/daily: token 2"), "{out}");
+    assert!(
+        out.contains("rejected: stale fencing token for reports/daily: presented 1, current 2"),
+        "{out}"
+    );
+    assert!(out.contains("the report says: \"written by worker-b\""), "{out}");
+}

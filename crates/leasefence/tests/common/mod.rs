@@ -1,0 +1,73 @@
+//! Helpers shared by the integration tests: start the real `leasefence`
+//! binary as a child process and learn its port.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_leasefence");
+
+/// A running `leasefence serve` child; killed (SIGKILL) on drop.
+pub struct Coordinator {
+    pub child: Child,
+    pub url: String,
+}
+
+impl Coordinator {
+    /// Starts `leasefence serve` on a free loopback port over `data_dir`.
+    pub fn start(data_dir: &Path, extra: &[&str]) -> Coordinator {
+        let mut child = Command::new(BIN)
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(data_dir)
+            .args(extra)
+            .env("LEASEFENCE_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn leasefence serve");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read the listening line");
+        let addr = line
+            .strip_prefix("leasefence listening on ")
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or_else(|| panic!("unexpected first line from serve: {line:?}"))
+            .to_string();
+        Coordinator {
+            child,
+            url: format!("http://{addr}"),
+        }
+    }
+
+    /// SIGKILL: no shutdown path runs.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Coordinator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs the CLI with `args`; returns (exit code, stdout, stderr).
+pub fn cli(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(BIN).args(args).output().expect("run leasefence");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+pub fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
