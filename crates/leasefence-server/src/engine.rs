@@ -17,13 +17,14 @@ use std::time::Duration;
 
 use leasefence_core::{
     AcquireOutcome, AcquireRequest, Config, Coordinator, Effect, Grant, Holder, LeaseError, LeaseId, MonoTime,
-    ResourceId, ResourceStatus, StoredResource, Token, WaiterId,
+    Mutation, ReleaseCause, ResourceId, ResourceStatus, StoredResource, Token, WaiterId,
 };
 use leasefence_store::{Committer, StoreError};
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
 use crate::ApiError;
+use crate::watch::{Event, EventKind, Filter, Hub, WatchError};
 
 type Receipt = oneshot::Receiver<Result<(), StoreError>>;
 type WaiterReply = oneshot::Sender<Result<Grant, ApiError>>;
@@ -31,6 +32,7 @@ type WaiterReply = oneshot::Sender<Result<Grant, ApiError>>;
 struct Inner {
     machine: Coordinator,
     waiters: HashMap<WaiterId, WaiterReply>,
+    hub: Hub,
     stopped: bool,
 }
 
@@ -41,6 +43,7 @@ pub struct Engine {
     origin: Instant,
     wait_max: Duration,
     reaper: Notify,
+    stopping: tokio::sync::watch::Sender<bool>,
 }
 
 /// A validated acquire, as the edges hand it in.
@@ -61,16 +64,19 @@ impl Engine {
         records: Vec<StoredResource>,
     ) -> Arc<Engine> {
         let machine = Coordinator::recover(config, MonoTime::ZERO, records);
+        let hub = Hub::new(coordinator_id());
         let engine = Arc::new(Engine {
             inner: Mutex::new(Inner {
                 machine,
                 waiters: HashMap::new(),
+                hub,
                 stopped: false,
             }),
             committer,
             origin: Instant::now(),
             wait_max,
             reaper: Notify::new(),
+            stopping: tokio::sync::watch::channel(false).0,
         });
         tokio::spawn(reap(Arc::downgrade(&engine)));
         engine
@@ -89,10 +95,38 @@ impl Engine {
         self.lock().machine.config().clone()
     }
 
-    /// Stops accepting calls and wakes the reaper so it exits.
+    /// Stops accepting calls, answers queued acquires with "shutting down",
+    /// ends watch and keep-alive streams, and wakes the reaper so it exits.
     pub fn stop(&self) {
-        self.lock().stopped = true;
+        let waiters: Vec<WaiterReply> = {
+            let mut inner = self.lock();
+            inner.stopped = true;
+            inner.waiters.drain().map(|(_, reply)| reply).collect()
+        };
+        for reply in waiters {
+            let _ = reply.send(Err(ApiError::ShuttingDown));
+        }
+        self.stopping.send_replace(true);
         self.reaper.notify_one();
+    }
+
+    /// Resolves once [`Engine::stop`] has been called; for long-lived streams.
+    pub fn stopping(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.stopping.subscribe();
+        async move {
+            let _ = rx.wait_for(|stopped| *stopped).await;
+        }
+    }
+
+    /// Subscribes to transitions: the backlog after `after`, then live events.
+    pub fn watch(&self, filter: &Filter, after: Option<u64>, coordinator_id: &str) -> Result<Subscription, WatchError> {
+        let inner = self.lock();
+        let (backlog, live) = inner.hub.subscribe(filter, after, coordinator_id)?;
+        Ok(Subscription {
+            coordinator_id: inner.hub.id().to_string(),
+            backlog,
+            live,
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -240,7 +274,10 @@ impl Engine {
         let mut last: Option<Receipt> = None;
         for effect in inner.machine.take_effects() {
             match effect {
-                Effect::Persist(m) => last = Some(self.committer.submit(m)),
+                Effect::Persist(m) => {
+                    publish(&mut inner.hub, &m);
+                    last = Some(self.committer.submit(m));
+                }
                 Effect::WakeWaiter { waiter, grant } => {
                     let reply = inner.waiters.remove(&waiter);
                     self.wake(reply, grant, last.take());
@@ -270,6 +307,43 @@ impl Engine {
             }
         });
     }
+}
+
+/// A watcher's start: what it missed, then the live feed.
+pub struct Subscription {
+    pub coordinator_id: String,
+    pub backlog: Vec<Arc<Event>>,
+    pub live: tokio::sync::broadcast::Receiver<Arc<Event>>,
+}
+
+fn publish(hub: &mut Hub, m: &Mutation) {
+    match m {
+        Mutation::Grant {
+            resource,
+            token,
+            holder,
+            ..
+        } => {
+            hub.publish(resource.clone(), EventKind::Granted, *token, Some(holder.clone()));
+        }
+        Mutation::Release { resource, token, cause } => {
+            let kind = match cause {
+                ReleaseCause::Released => EventKind::Released,
+                ReleaseCause::Expired => EventKind::Expired,
+            };
+            hub.publish(resource.clone(), kind, *token, None);
+        }
+    }
+}
+
+/// A random id for this process's watch history.
+fn coordinator_id() -> String {
+    let mut bytes = [0u8; 8];
+    // Without randomness, fall back to the process id: ids only need to differ across restarts.
+    if getrandom::fill(&mut bytes).is_err() {
+        bytes = u64::from(std::process::id()).to_be_bytes();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Takes a queued acquire out of the queue if its caller goes away.

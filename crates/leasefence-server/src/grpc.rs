@@ -11,6 +11,10 @@ use leasefence_proto::v1::{self as pb};
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
+use tokio::sync::broadcast::error::RecvError;
+
+use crate::engine::Subscription;
+use crate::watch::{Event, EventKind, Filter};
 use crate::{ApiError, Engine, wire};
 
 pub fn service(engine: Arc<Engine>) -> LeasesServer<GrpcLeases> {
@@ -71,8 +75,18 @@ impl Leases for GrpcLeases {
     ) -> Result<Response<Self::KeepAliveStream>, Status> {
         let engine = self.engine.clone();
         let mut incoming = request.into_inner();
+        let stopping = self.engine.stopping();
         let out = async_stream(move |tx| async move {
-            while let Some(msg) = incoming.next().await {
+            tokio::pin!(stopping);
+            loop {
+                let msg = tokio::select! {
+                    m = incoming.next() => m,
+                    () = &mut stopping => {
+                        let _ = tx.send(Err(Status::unavailable("coordinator is shutting down"))).await;
+                        return;
+                    }
+                };
+                let Some(msg) = msg else { return };
                 let reply = match msg {
                     Err(e) => Err(e),
                     Ok(r) => (|| {
@@ -102,6 +116,24 @@ impl Leases for GrpcLeases {
         }))
     }
 
+    type WatchStream = WatchStream;
+
+    async fn watch(&self, request: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        let r = request.into_inner();
+        if !(r.prefix && r.resource.is_empty()) {
+            wire::resource(&r.resource).map_err(invalid)?;
+        }
+        let filter = Filter {
+            resource: r.resource,
+            prefix: r.prefix,
+        };
+        let sub = self
+            .engine
+            .watch(&filter, r.after_revision, &r.coordinator_id)
+            .map_err(|e| Status::failed_precondition(e.to_string()))?;
+        Ok(Response::new(watch_stream(sub, filter, self.engine.stopping())))
+    }
+
     async fn get(&self, request: Request<pb::GetRequest>) -> Result<Response<pb::ResourceStatus>, Status> {
         let r = request.into_inner();
         let resource = wire::resource(&r.resource).map_err(invalid)?;
@@ -117,6 +149,74 @@ impl Leases for GrpcLeases {
             waiters: u32::try_from(s.waiters).unwrap_or(u32::MAX),
         }))
     }
+}
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Status>> + Send + 'static>>;
+
+fn event(coordinator_id: &str, e: &Event) -> pb::WatchEvent {
+    let kind = match e.kind {
+        EventKind::Granted => pb::watch_event::Kind::Granted,
+        EventKind::Released => pb::watch_event::Kind::Released,
+        EventKind::Expired => pb::watch_event::Kind::Expired,
+    };
+    pb::WatchEvent {
+        revision: e.revision,
+        coordinator_id: coordinator_id.to_string(),
+        resource: e.resource.to_string(),
+        kind: kind as i32,
+        token: e.token.get(),
+        holder: e.holder.as_ref().map(|h| h.to_string()).unwrap_or_default(),
+    }
+}
+
+/// Replays the backlog, then forwards live events until the watcher leaves,
+/// falls too far behind (told where to resume), or the coordinator stops.
+fn watch_stream(
+    sub: Subscription,
+    filter: Filter,
+    stopping: impl std::future::Future<Output = ()> + Send + 'static,
+) -> WatchStream {
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(async move {
+        let Subscription {
+            coordinator_id: id,
+            backlog,
+            mut live,
+        } = sub;
+        let mut last = 0;
+        for e in backlog {
+            last = e.revision;
+            if tx.send(Ok(event(&id, &e))).await.is_err() {
+                return;
+            }
+        }
+        tokio::pin!(stopping);
+        loop {
+            let next = tokio::select! {
+                n = live.recv() => n,
+                () = &mut stopping => {
+                    let _ = tx.send(Err(Status::unavailable("coordinator is shutting down"))).await;
+                    return;
+                }
+            };
+            match next {
+                Ok(e) if e.revision <= last || !filter.matches(&e.resource) => {}
+                Ok(e) => {
+                    last = e.revision;
+                    if tx.send(Ok(event(&id, &e))).await.is_err() {
+                        return;
+                    }
+                }
+                Err(RecvError::Lagged(_)) => {
+                    let msg = format!("watcher fell behind; resume with after_revision={last}");
+                    let _ = tx.send(Err(Status::resource_exhausted(msg))).await;
+                    return;
+                }
+                Err(RecvError::Closed) => return,
+            }
+        }
+    });
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
 /// A stream fed by a task: the producer ends the stream by returning.

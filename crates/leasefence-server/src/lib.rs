@@ -12,6 +12,7 @@ pub mod engine;
 mod error;
 mod grpc;
 mod http;
+pub mod watch;
 mod wire;
 
 use std::future::Future;
@@ -81,6 +82,13 @@ impl Server {
         if let Ok(addr) = self.listener.local_addr() {
             tracing::info!(%addr, "serving gRPC and HTTP");
         }
+        // Stop the engine first: queued acquires and open streams end, so the
+        // graceful shutdown does not wait on them.
+        let engine = self.engine.clone();
+        let shutdown = async move {
+            shutdown.await;
+            engine.stop();
+        };
         let result = axum::serve(self.listener, app).with_graceful_shutdown(shutdown).await;
         self.engine.stop();
         result.map_err(ServerError::Serve)

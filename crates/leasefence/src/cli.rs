@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::{CmdResult, arbiter_cmd, bench, client_cmds, demo, serve};
+use crate::{CmdResult, arbiter_cmd, bench, client_cmds, demo, serve, watch_cmd};
 
 /// leasefence: leases with fencing tokens, and the arbiters that enforce them.
 #[derive(Parser, Debug)]
@@ -40,6 +40,8 @@ pub enum Command {
     /// Resource-side arbiters: install, check.
     #[command(subcommand)]
     Arbiter(arbiter_cmd::ArbiterCommand),
+    /// Print grants, releases and expiries of a resource (or prefix) as they happen.
+    Watch(watch_cmd::WatchArgs),
     /// The paused-worker story, end to end, in one process.
     Demo,
     /// Measure acquire+release throughput and latency through a coordinator.
@@ -127,6 +129,7 @@ pub async fn run(cli: Cli) -> CmdResult {
         Command::Release(a) => client_cmds::release(a).await,
         Command::Status(a) => client_cmds::status(a).await,
         Command::Arbiter(c) => arbiter_cmd::run(c).await,
+        Command::Watch(a) => watch_cmd::run(a).await,
         Command::Demo => demo::run().await,
         Command::Bench(a) => bench::run(a).await,
     }

@@ -11,6 +11,7 @@ mod cli;
 mod client_cmds;
 mod demo;
 mod serve;
+mod watch_cmd;
 
 use std::process::ExitCode;
 

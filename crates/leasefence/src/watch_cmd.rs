@@ -1,0 +1,113 @@
+//! `leasefence watch RES [--prefix]`: print transitions as they happen,
+//! reconnecting and resuming from the last revision seen, so a dropped
+//! connection loses no event (or says plainly that history was lost).
+
+use std::time::Duration;
+
+use clap::Args;
+use leasefence_proto::v1::{self as pb, leases_client::LeasesClient};
+use serde_json::json;
+use tonic::Code;
+
+use crate::cli::ServerArg;
+use crate::{CmdResult, Failure};
+
+#[derive(Args, Debug)]
+pub struct WatchArgs {
+    /// A resource, or with --prefix a prefix of names ("" for all).
+    pub resource: String,
+    /// Watch every resource whose name starts with RESOURCE.
+    #[arg(long)]
+    pub prefix: bool,
+    /// Print one JSON object per event.
+    #[arg(long)]
+    pub json: bool,
+    /// Stop after this many events (default: run until interrupted).
+    #[arg(long)]
+    pub count: Option<u64>,
+    #[command(flatten)]
+    pub server: ServerArg,
+}
+
+fn kind_name(kind: i32) -> &'static str {
+    match pb::watch_event::Kind::try_from(kind) {
+        Ok(pb::watch_event::Kind::Granted) => "granted",
+        Ok(pb::watch_event::Kind::Released) => "released",
+        Ok(pb::watch_event::Kind::Expired) => "expired",
+        _ => "unknown",
+    }
+}
+
+fn print(e: &pb::WatchEvent, as_json: bool) {
+    if as_json {
+        let holder = (!e.holder.is_empty()).then_some(e.holder.as_str());
+        let v = json!({ "revision": e.revision, "kind": kind_name(e.kind), "resource": e.resource,
+                        "token": e.token, "holder": holder });
+        println!("{v}");
+    } else if e.holder.is_empty() {
+        println!("{} {} {} token={}", e.revision, kind_name(e.kind), e.resource, e.token);
+    } else {
+        println!(
+            "{} {} {} token={} holder={}",
+            e.revision,
+            kind_name(e.kind),
+            e.resource,
+            e.token,
+            e.holder
+        );
+    }
+}
+
+pub async fn run(a: WatchArgs) -> CmdResult {
+    if !(a.prefix && a.resource.is_empty()) {
+        leasefence_core::ResourceId::new(&a.resource).map_err(Failure::invalid)?;
+    }
+    let mut resume: Option<(u64, String)> = None;
+    let mut seen = 0u64;
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let Ok(mut client) = LeasesClient::connect(a.server.server.clone()).await else {
+            if resume.is_none() {
+                return Err(Failure::new(
+                    Failure::INTERNAL,
+                    anyhow::anyhow!("cannot reach {}", a.server.server),
+                ));
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+            continue;
+        };
+        let req = pb::WatchRequest {
+            resource: a.resource.clone(),
+            prefix: a.prefix,
+            after_revision: resume.as_ref().map(|r| r.0),
+            coordinator_id: resume.as_ref().map(|r| r.1.clone()).unwrap_or_default(),
+        };
+        let mut stream = match client.watch(req).await {
+            Ok(s) => s.into_inner(),
+            Err(s) if s.code() == Code::InvalidArgument => return Err(Failure::invalid(s.message())),
+            Err(s) if s.code() == Code::FailedPrecondition => {
+                return Err(Failure::new(Failure::INTERNAL, anyhow::anyhow!("{}", s.message())));
+            }
+            Err(_) => continue,
+        };
+        backoff = Duration::from_millis(100);
+        loop {
+            match stream.message().await {
+                Ok(Some(e)) => {
+                    print(&e, a.json);
+                    resume = Some((e.revision, e.coordinator_id.clone()));
+                    seen += 1;
+                    if a.count.is_some_and(|c| seen >= c) {
+                        return Ok(());
+                    }
+                }
+                Ok(None) | Err(_) => break,
+            }
+        }
+        if resume.is_none() {
+            // Nothing seen yet: resume "from now" of the new connection is all we can do.
+            eprintln!("watch: reconnecting");
+        }
+    }
+}
