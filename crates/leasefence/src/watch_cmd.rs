@@ -92,17 +92,12 @@ pub async fn run(a: WatchArgs) -> CmdResult {
             Err(_) => continue,
         };
         backoff = Duration::from_millis(100);
-        loop {
-            match stream.message().await {
-                Ok(Some(e)) => {
-                    print(&e, a.json);
-                    resume = Some((e.revision, e.coordinator_id.clone()));
-                    seen += 1;
-                    if a.count.is_some_and(|c| seen >= c) {
-                        return Ok(());
-                    }
-                }
-                Ok(None) | Err(_) => break,
+        while let Ok(Some(e)) = stream.message().await {
+            print(&e, a.json);
+            resume = Some((e.revision, e.coordinator_id.clone()));
+            seen += 1;
+            if a.count.is_some_and(|c| seen >= c) {
+                return Ok(());
             }
         }
         if resume.is_none() {
