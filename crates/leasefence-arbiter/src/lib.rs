@@ -14,8 +14,10 @@
 //! - [`embedded`]: an in-process fenced key-value store on redb.
 //!
 //! Every backend passes the one [`conformance`] suite through [`ConformanceTarget`];
-//! [`pause_kit`] runs the classic "paused holder" scenario against any target, and
-//! [`install`] / [`check`] dispatch on a URL for the command line.
+//! [`pause_kit`] runs the classic "paused holder" scenario against any target,
+//! [`propagate`] carries a fence through HTTP headers, message headers and a
+//! child's environment, and [`install`] / [`check`] dispatch on a URL for the
+//! command line.
 
 mod dispatch;
 pub mod embedded;
@@ -28,6 +30,7 @@ pub mod sqlite;
 
 pub mod conformance;
 pub mod pause_kit;
+pub mod propagate;
 pub mod targets;
 
 pub use conformance::{ConformanceTarget, Outcome};
