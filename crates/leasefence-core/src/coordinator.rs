@@ -227,6 +227,7 @@ pub struct Coordinator {
     /// One entry per held lease: (deadline, token, resource). A renewal moves the
     /// real deadline later; the stale entry is re-queued when it comes up.
     deadlines: BinaryHeap<Reverse<(MonoTime, Token, ResourceId)>>,
+    held: usize,
     next_waiter: u64,
     effects: Vec<Effect>,
 }
@@ -244,6 +245,7 @@ impl Coordinator {
             config,
             resources: HashMap::new(),
             deadlines: BinaryHeap::new(),
+            held: 0,
             next_waiter: 1,
             effects: Vec::new(),
         }
@@ -264,6 +266,7 @@ impl Coordinator {
             });
             if let Some(h) = &held {
                 c.deadlines.push(Reverse((h.expires_at, h.token, r.resource.clone())));
+                c.held += 1;
             }
             let entry = Entry {
                 last: Some(r.last_token),
@@ -289,7 +292,13 @@ impl Coordinator {
         self.deadlines.peek().map(|Reverse((t, _, _))| *t)
     }
 
+    /// Leases currently held (some may be past their deadline until `advance`).
     pub fn held_count(&self) -> usize {
+        self.held
+    }
+
+    /// Entries in the expiry queue: one per held lease plus stale ones not yet popped.
+    pub fn deadline_count(&self) -> usize {
         self.deadlines.len()
     }
 
@@ -457,6 +466,7 @@ impl Coordinator {
         assert!(entry.held.is_none(), "a resource is granted only while unheld");
         entry.last = Some(token);
         entry.held = Some(held);
+        self.held += 1;
         self.deadlines.push(Reverse((expires_at, token, resource.clone())));
         self.effects.push(Effect::Persist(Mutation::Grant {
             resource: resource.clone(),
@@ -481,6 +491,7 @@ impl Coordinator {
             return;
         };
         let Some(held) = entry.held.take() else { return };
+        self.held -= 1;
         self.effects.push(Effect::Persist(Mutation::Release {
             resource: resource.clone(),
             token: held.token,

@@ -210,6 +210,8 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             prop_assert!(c == before, "a failed call changed the state");
         }
         m.observe(now, effects)?;
+        let live = m.current.values().filter(|&&i| !m.leases[i].ended).count();
+        prop_assert_eq!(c.held_count(), live, "held count matches the leases not yet ended");
     }
     Ok(())
 }

@@ -15,6 +15,8 @@ pub struct ServerConfig {
     pub wait_max: Duration,
     /// The most mutations in one store transaction.
     pub batch_max: usize,
+    /// Renders `GET /metrics`; `None` serves 404 there.
+    pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
 }
 
 impl ServerConfig {
@@ -30,6 +32,7 @@ impl ServerConfig {
             lease: leasefence_core::Config::default(),
             wait_max: Self::DEFAULT_WAIT_MAX,
             batch_max: Self::DEFAULT_BATCH_MAX,
+            metrics: None,
         }
     }
 }

@@ -23,8 +23,8 @@ use leasefence_store::{Committer, StoreError};
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
-use crate::ApiError;
 use crate::watch::{Event, EventKind, Filter, Hub, WatchError};
+use crate::{ApiError, metrics};
 
 type Receipt = oneshot::Receiver<Result<(), StoreError>>;
 type WaiterReply = oneshot::Sender<Result<Grant, ApiError>>;
@@ -236,6 +236,9 @@ impl Engine {
         let result = inner.machine.renew(now, resource, lease_id);
         // Renewals are not persisted, but advancing time may have expired others.
         drop(self.dispatch(&mut inner));
+        if result.is_ok() {
+            metrics::renewal();
+        }
         Ok(result?)
     }
 
@@ -276,6 +279,7 @@ impl Engine {
             match effect {
                 Effect::Persist(m) => {
                     publish(&mut inner.hub, &m);
+                    metrics::mutation(&m);
                     last = Some(self.committer.submit(m));
                 }
                 Effect::WakeWaiter { waiter, grant } => {
@@ -289,6 +293,8 @@ impl Engine {
                 }
             }
         }
+        let held = inner.machine.held_count();
+        metrics::sizes(held, inner.machine.resource_count(), inner.waiters.len());
         last
     }
 
@@ -368,8 +374,15 @@ async fn durable(receipt: Option<Receipt>) -> Result<(), ApiError> {
     match receipt {
         None => Ok(()),
         Some(rx) => match rx.await {
-            Ok(result) => Ok(result?),
-            Err(_) => Err(StoreError::Closed.into()),
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => {
+                metrics::store_failure();
+                Err(e.into())
+            }
+            Err(_) => {
+                metrics::store_failure();
+                Err(StoreError::Closed.into())
+            }
         },
     }
 }

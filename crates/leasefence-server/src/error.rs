@@ -15,3 +15,13 @@ pub enum ApiError {
     #[error("coordinator is shutting down")]
     ShuttingDown,
 }
+
+impl ApiError {
+    /// Counts this outcome; the edges call it once per refused request.
+    pub(crate) fn counted(self) -> ApiError {
+        if let ApiError::Lease(e) = &self {
+            crate::metrics::refusal(e);
+        }
+        self
+    }
+}

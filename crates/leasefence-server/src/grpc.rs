@@ -26,7 +26,7 @@ pub struct GrpcLeases {
 }
 
 fn status(e: ApiError) -> Status {
-    match e {
+    match e.counted() {
         ApiError::Lease(e) => error_to_status(&e),
         ApiError::Store(e) => Status::internal(e.to_string()),
         ApiError::ShuttingDown => Status::unavailable("coordinator is shutting down"),
@@ -34,7 +34,7 @@ fn status(e: ApiError) -> Status {
 }
 
 fn invalid(e: leasefence_core::Invalid) -> Status {
-    error_to_status(&LeaseError::Invalid(e))
+    status(ApiError::Lease(LeaseError::Invalid(e)))
 }
 
 fn lease(engine: &Engine, g: &Grant) -> pb::Lease {

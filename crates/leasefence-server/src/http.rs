@@ -9,6 +9,7 @@
 //! | `POST /v1/release` | `{"resource","lease_id"}` | `{"resource","token","released":true}` |
 //! | `GET /v1/status?resource=R` | — | status |
 //! | `GET /healthz` | — | `ok` |
+//! | `GET /metrics` | — | Prometheus text (when enabled) |
 //!
 //! Refusals: busy 409, lease_lost 410, too_many_waiters 429, tokens_exhausted
 //! 409, invalid 400, storage failure 500, shutting down 503.
@@ -22,15 +23,29 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use leasefence_core::{Grant, Invalid, LeaseError};
+use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use crate::{ApiError, Engine, wire};
 
-pub fn router(engine: Arc<Engine>) -> Router {
+pub fn router(engine: Arc<Engine>, metrics: Option<PrometheusHandle>) -> Router {
+    let metrics_route = get(move || {
+        let rendered = metrics.as_ref().map(|h| h.render());
+        async move {
+            match rendered {
+                Some(text) => (StatusCode::OK, text),
+                None => (
+                    StatusCode::NOT_FOUND,
+                    "metrics are not enabled in this process\n".to_string(),
+                ),
+            }
+        }
+    });
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
+        .route("/metrics", metrics_route)
         .route("/v1/acquire", post(acquire))
         .route("/v1/renew", post(renew))
         .route("/v1/release", post(release))
@@ -77,6 +92,7 @@ impl From<Invalid> for Failure {
 
 impl From<ApiError> for Failure {
     fn from(e: ApiError) -> Failure {
+        let e = e.counted();
         let message = e.to_string();
         match e {
             ApiError::Lease(e) => {

@@ -12,6 +12,7 @@ pub mod engine;
 mod error;
 mod grpc;
 mod http;
+pub mod metrics;
 pub mod watch;
 mod wire;
 
@@ -40,6 +41,7 @@ pub enum ServerError {
 pub struct Server {
     listener: TcpListener,
     engine: Arc<Engine>,
+    metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
 }
 
 impl Server {
@@ -62,7 +64,11 @@ impl Server {
                 source,
             })?;
         tracing::info!(resources = recovered, "store recovered");
-        Ok(Server { listener, engine })
+        Ok(Server {
+            listener,
+            engine,
+            metrics: config.metrics,
+        })
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -78,7 +84,7 @@ impl Server {
         let grpc = tonic::service::Routes::new(grpc::service(self.engine.clone()))
             .prepare()
             .into_axum_router();
-        let app = http::router(self.engine.clone()).merge(grpc);
+        let app = http::router(self.engine.clone(), self.metrics).merge(grpc);
         if let Ok(addr) = self.listener.local_addr() {
             tracing::info!(%addr, "serving gRPC and HTTP");
         }

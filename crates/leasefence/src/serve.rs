@@ -10,6 +10,7 @@ pub async fn run(a: ServeArgs) -> CmdResult {
     let mut config = ServerConfig::new(a.listen, a.data_dir);
     config.lease = lease;
     config.wait_max = a.wait_max;
+    config.metrics = leasefence_server::metrics::install_prometheus();
     let data_dir = config.data_dir.clone();
     let server = Server::bind(config).await?;
     // One line on stdout, so scripts (and tests) learn the bound port when --listen used port 0.

@@ -1,0 +1,53 @@
+//! `GET /metrics` on the real binary counts grants, releases and refusals.
+
+mod common;
+
+use std::time::Duration;
+
+use common::Coordinator;
+use leasefence_client::Client;
+use leasefence_core::ResourceId;
+
+fn value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok()))
+}
+
+#[tokio::test]
+async fn metrics_count_grants_releases_and_refusals() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Coordinator::start(dir.path(), &[]);
+    let client = Client::connect(&c.url).await.expect("connect");
+    let r = ResourceId::new("m/1").expect("valid");
+    let lease = client
+        .acquire(&r, Duration::from_secs(10), None, Duration::ZERO)
+        .await
+        .expect("acquire");
+    assert!(
+        client
+            .acquire(&r, Duration::from_secs(10), None, Duration::ZERO)
+            .await
+            .is_err(),
+        "busy"
+    );
+    client.release(&r, &lease.lease_id).await.expect("release");
+
+    let text = reqwest::get(format!("{}/metrics", c.url))
+        .await
+        .expect("get")
+        .text()
+        .await
+        .expect("text");
+    assert_eq!(value(&text, "leasefence_grants_total"), Some(1.0), "{text}");
+    assert_eq!(value(&text, "leasefence_releases_total"), Some(1.0), "{text}");
+    assert_eq!(
+        value(&text, "leasefence_refusals_total{reason=\"busy\"}"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(value(&text, "leasefence_leases_held"), Some(0.0), "{text}");
+    assert!(
+        !text.contains(&lease.lease_id.to_hex()),
+        "lease ids never appear in metrics"
+    );
+}
