@@ -1,9 +1,46 @@
 //! Rust client for the leasefence coordinator, over gRPC.
 //!
-//! [`Client`] is a thin typed wrapper: refusals come back as
-//! [`leasefence_core::LeaseError`] values (busy, lease lost, ...), everything
-//! else (unreachable, internal) as [`ClientError::Transport`] or
-//! [`ClientError::Server`].
+//! Two levels:
+//! - [`Client`]'s one-call methods (`acquire`, `renew`, `release`, `status`)
+//!   are a thin typed wrapper: refusals come back as
+//!   [`leasefence_core::LeaseError`] values (busy, lease lost, ...), everything
+//!   else (unreachable, internal) as [`ClientError::Transport`] or
+//!   [`ClientError::Server`].
+//! - Self-fencing sessions: [`Client::lease`] returns a [`Lease`] renewed in
+//!   the background over the `KeepAlive` stream, whose [`Lease::lost`] fires
+//!   when the lease can no longer be proven held — at a local deadline even
+//!   if the coordinator is unreachable (the send time of the last successful
+//!   renewal + TTL − a safety margin, see [`default_margin`]);
+//!   [`Client::with_lease`] runs work under a lease and cancels it on loss.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use leasefence_client::{Client, LeaseConfig};
+//! use leasefence_core::ResourceId;
+//!
+//! let client = Client::connect("http://127.0.0.1:7740").await?;
+//! let resource = ResourceId::new("reports/daily")?;
+//! let config = LeaseConfig::new(Duration::from_secs(10)).with_wait(Duration::from_secs(30));
+//! let written = client
+//!     .with_lease(&resource, config, |fence| async move {
+//!         // Every effect carries `fence`; an arbiter rejects it once a newer token wrote.
+//!         format!("written under {fence}")
+//!     })
+//!     .await?;
+//! # let _ = written;
+//! # Ok(())
+//! # }
+//! ```
+
+mod deadline;
+mod keepalive;
+mod session;
+mod watch;
+
+pub use deadline::{MARGIN_MIN, default_margin};
+pub use session::{Lease, LeaseConfig, WithLeaseError};
+pub use watch::{LeaseWatch, Loss};
 
 use std::time::Duration;
 
@@ -56,7 +93,7 @@ pub struct StatusInfo {
     pub waiters: u32,
 }
 
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Client {
     url: String,
     inner: LeasesClient<Channel>,
@@ -83,6 +120,11 @@ impl Client {
         })
     }
 
+    /// A handle on the generated gRPC client (cheap: channels are shared).
+    pub(crate) fn grpc(&self) -> LeasesClient<Channel> {
+        self.inner.clone()
+    }
+
     fn map(&self, resource: &ResourceId, s: tonic::Status) -> ClientError {
         if let Some(e) = status_to_error(resource, &s) {
             return ClientError::Lease(e);
@@ -102,7 +144,7 @@ impl Client {
         }
     }
 
-    fn lease(&self, resource: &ResourceId, l: pb::Lease) -> Result<LeaseInfo, ClientError> {
+    fn lease_info(&self, resource: &ResourceId, l: pb::Lease) -> Result<LeaseInfo, ClientError> {
         let bad = |what: &str| ClientError::Server(format!("coordinator sent a malformed lease: {what}"));
         Ok(LeaseInfo {
             resource: resource.clone(),
@@ -134,7 +176,7 @@ impl Client {
             .acquire(req)
             .await
             .map_err(|s| self.map(resource, s))?;
-        self.lease(resource, reply.into_inner())
+        self.lease_info(resource, reply.into_inner())
     }
 
     pub async fn renew(&self, resource: &ResourceId, lease_id: &LeaseId) -> Result<LeaseInfo, ClientError> {
@@ -143,7 +185,7 @@ impl Client {
             lease_id: lease_id.to_hex(),
         };
         let reply = self.inner.clone().renew(req).await.map_err(|s| self.map(resource, s))?;
-        self.lease(resource, reply.into_inner())
+        self.lease_info(resource, reply.into_inner())
     }
 
     /// Releases the lease; returns its token.

@@ -1,7 +1,19 @@
-//! `leasefence arbiter install URL` and `leasefence arbiter check URL`.
+//! `leasefence arbiter install URL`, `leasefence arbiter check URL`, and
+//! `leasefence arbiter put URL KEY VALUE`.
+//!
+//! `put` is the smallest fenced writer: it takes the fence from the
+//! environment (`LEASEFENCE_RESOURCE`, `LEASEFENCE_TOKEN`, as `leasefence run`
+//! sets them) and upserts `KEY = VALUE` into a key/value table through the
+//! arbiter, recording every accepted write in a history table in the same
+//! transaction. It prints `accepted …` and exits 0, or prints
+//! `rejected: stale fencing token …` and exits 5 (stale). Tables, created on
+//! first use next to the arbiter's own (install the arbiter first):
+//! `leasefence_kv (key, value, resource, token)` and
+//! `leasefence_kv_history (seq, key, value, resource, token)`.
 
-use clap::Subcommand;
-use leasefence_arbiter::ArbiterError;
+use clap::{Subcommand, ValueEnum};
+use leasefence_arbiter::{ArbiterError, BackendUrl, Fence, FenceMode};
+use leasefence_core::{ENV_RESOURCE, ENV_TOKEN, Invalid};
 
 use crate::{CmdResult, Failure};
 
@@ -16,11 +28,44 @@ pub enum ArbiterCommand {
         #[arg(long, default_value_t = 100)]
         trials: u32,
     },
+    /// Write KEY=VALUE through the arbiter at URL (sqlite://PATH or postgres://…),
+    /// fenced by LEASEFENCE_RESOURCE and LEASEFENCE_TOKEN. Exit 5 if stale.
+    Put {
+        url: String,
+        key: String,
+        value: String,
+        /// strict: one write per grant; monotonic: many writes under one grant.
+        #[arg(long, value_enum, default_value_t = Mode::Strict)]
+        mode: Mode,
+    },
+}
+
+/// [`FenceMode`] for the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    Strict,
+    Monotonic,
+}
+
+impl From<Mode> for FenceMode {
+    fn from(m: Mode) -> FenceMode {
+        match m {
+            Mode::Strict => FenceMode::Strict,
+            Mode::Monotonic => FenceMode::Monotonic,
+        }
+    }
 }
 
 fn failure(e: ArbiterError) -> Failure {
     match e {
         ArbiterError::Invalid(_) => Failure::new(Failure::INVALID, e),
+        ArbiterError::Stale(s) => {
+            println!("rejected: {s}");
+            Failure::new(
+                Failure::CHECK_FAILED,
+                anyhow::anyhow!("the arbiter rejected the write: {s}"),
+            )
+        }
         other => Failure::new(Failure::INTERNAL, other),
     }
 }
@@ -32,26 +77,120 @@ pub async fn run(c: ArbiterCommand) -> CmdResult {
             println!("installed the leasefence arbiter");
             Ok(())
         }
-        ArbiterCommand::Check { url, trials } => {
-            let report = leasefence_arbiter::check(&url, trials).await.map_err(failure)?;
-            for c in &report.counterexamples {
-                println!(
-                    "counterexample: trial {} on {}: paused token {}, newer token {}: {}",
-                    c.trial, c.resource, c.paused_token, c.newer_token, c.what
-                );
-            }
-            println!(
-                "{} trials, {} stale accepted, {} stale rejected",
-                report.trials, report.stale_accepted, report.stale_rejected
-            );
-            if report.passed() {
-                Ok(())
-            } else {
-                Err(Failure::new(
-                    Failure::CHECK_FAILED,
-                    anyhow::anyhow!("the arbiter accepted stale effects"),
-                ))
-            }
+        ArbiterCommand::Check { url, trials } => check(&url, trials).await,
+        ArbiterCommand::Put { url, key, value, mode } => {
+            let fence = fence_from_env()?;
+            put(&url, &fence, mode.into(), &key, &value).await.map_err(failure)?;
+            println!("accepted {key} under {fence}");
+            Ok(())
         }
     }
+}
+
+async fn check(url: &str, trials: u32) -> CmdResult {
+    let report = leasefence_arbiter::check(url, trials).await.map_err(failure)?;
+    for c in &report.counterexamples {
+        println!(
+            "counterexample: trial {} on {}: paused token {}, newer token {}: {}",
+            c.trial, c.resource, c.paused_token, c.newer_token, c.what
+        );
+    }
+    println!(
+        "{} trials, {} stale accepted, {} stale rejected",
+        report.trials, report.stale_accepted, report.stale_rejected
+    );
+    if report.passed() {
+        Ok(())
+    } else {
+        Err(Failure::new(
+            Failure::CHECK_FAILED,
+            anyhow::anyhow!("the arbiter accepted stale effects"),
+        ))
+    }
+}
+
+/// The fence `leasefence run` put in this process's environment.
+fn fence_from_env() -> Result<Fence, Failure> {
+    let var = |name: &str| {
+        std::env::var(name).map_err(|_| {
+            Failure::invalid(format!(
+                "{name} is not set: run this under `leasefence run`, or set {ENV_RESOURCE} and {ENV_TOKEN}"
+            ))
+        })
+    };
+    Fence::from_parts(&var(ENV_RESOURCE)?, &var(ENV_TOKEN)?).map_err(Failure::invalid)
+}
+
+fn token_i64(fence: &Fence) -> Result<i64, ArbiterError> {
+    i64::try_from(fence.token.get())
+        .map_err(|_| Invalid::new("token", format!("{} does not fit a signed 64-bit integer", fence.token)).into())
+}
+
+async fn put(url: &str, fence: &Fence, mode: FenceMode, key: &str, value: &str) -> Result<(), ArbiterError> {
+    match BackendUrl::parse(url)? {
+        BackendUrl::Sqlite(path) => {
+            let (fence, key, value) = (fence.clone(), key.to_string(), value.to_string());
+            tokio::task::spawn_blocking(move || sqlite_put(&path, &fence, mode, &key, &value))
+                .await
+                .map_err(|e| ArbiterError::Task(format!("SQLite write task failed: {e}")))?
+        }
+        BackendUrl::Postgres(u) => postgres_put(&u, fence, mode, key, value).await,
+        BackendUrl::Redis(_) => {
+            Err(Invalid::new("url", "arbiter put supports sqlite://PATH and postgres:// only").into())
+        }
+    }
+}
+
+const SQLITE_KV: &str = "
+CREATE TABLE IF NOT EXISTS leasefence_kv (
+    key TEXT PRIMARY KEY, value TEXT NOT NULL, resource TEXT NOT NULL, token INTEGER NOT NULL) STRICT;
+CREATE TABLE IF NOT EXISTS leasefence_kv_history (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL, value TEXT NOT NULL,
+    resource TEXT NOT NULL, token INTEGER NOT NULL) STRICT;";
+
+const UPSERT: &str = "INSERT INTO leasefence_kv (key, value, resource, token) VALUES ($1, $2, $3, $4)
+    ON CONFLICT (key) DO UPDATE SET value = excluded.value, resource = excluded.resource, token = excluded.token";
+const HISTORY: &str = "INSERT INTO leasefence_kv_history (key, value, resource, token) VALUES ($1, $2, $3, $4)";
+
+fn sqlite_put(
+    path: &std::path::Path,
+    fence: &Fence,
+    mode: FenceMode,
+    key: &str,
+    value: &str,
+) -> Result<(), ArbiterError> {
+    let mut conn = rusqlite::Connection::open(path)?;
+    conn.busy_timeout(std::time::Duration::from_secs(10))?;
+    let token = token_i64(fence)?;
+    leasefence_arbiter::sqlite::with_fence(&mut conn, fence, mode, |tx| {
+        tx.execute_batch(SQLITE_KV)?;
+        let args = rusqlite::params![key, value, fence.resource.as_str(), token];
+        tx.execute(UPSERT, args)?;
+        tx.execute(HISTORY, args)?;
+        Ok::<_, ArbiterError>(())
+    })
+}
+
+const POSTGRES_KV: &str = "
+CREATE TABLE IF NOT EXISTS leasefence_kv (
+    key text PRIMARY KEY, value text NOT NULL, resource text NOT NULL, token bigint NOT NULL);
+CREATE TABLE IF NOT EXISTS leasefence_kv_history (
+    seq bigserial PRIMARY KEY, key text NOT NULL, value text NOT NULL,
+    resource text NOT NULL, token bigint NOT NULL);";
+
+async fn postgres_put(url: &str, fence: &Fence, mode: FenceMode, key: &str, value: &str) -> Result<(), ArbiterError> {
+    let mut client = leasefence_arbiter::postgres::connect(url).await?;
+    let token = token_i64(fence)?;
+    let resource = fence.resource.as_str().to_string();
+    let (key, value) = (key.to_string(), value.to_string());
+    leasefence_arbiter::postgres::with_fence(&mut client, fence, mode, move |tx| {
+        Box::pin(async move {
+            tx.batch_execute(POSTGRES_KV).await?;
+            let args: [&(dyn tokio_postgres::types::ToSql + Sync); 4] = [&key, &value, &resource, &token];
+            tx.execute(UPSERT, &args).await?;
+            tx.execute(HISTORY, &args).await?;
+            Ok::<_, ArbiterError>(())
+        })
+    })
+    .await
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::{CmdResult, arbiter_cmd, bench, client_cmds, demo, serve, watch_cmd};
+use crate::{CmdResult, arbiter_cmd, bench, client_cmds, demo, run_cmd, serve, watch_cmd};
 
 /// leasefence: leases with fencing tokens, and the arbiters that enforce them.
 #[derive(Parser, Debug)]
@@ -37,7 +37,9 @@ pub enum Command {
     Release(LeaseArgs),
     /// Show who holds a resource and its last token.
     Status(StatusArgs),
-    /// Resource-side arbiters: install, check.
+    /// Run a command while holding a lease; stop it if the lease is lost.
+    Run(run_cmd::RunArgs),
+    /// Resource-side arbiters: install, check, put.
     #[command(subcommand)]
     Arbiter(arbiter_cmd::ArbiterCommand),
     /// Print grants, releases and expiries of a resource (or prefix) as they happen.
@@ -128,6 +130,7 @@ pub async fn run(cli: Cli) -> CmdResult {
         Command::Renew(a) => client_cmds::renew(a).await,
         Command::Release(a) => client_cmds::release(a).await,
         Command::Status(a) => client_cmds::status(a).await,
+        Command::Run(a) => run_cmd::run(a).await,
         Command::Arbiter(c) => arbiter_cmd::run(c).await,
         Command::Watch(a) => watch_cmd::run(a).await,
         Command::Demo => demo::run().await,

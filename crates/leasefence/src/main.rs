@@ -3,13 +3,16 @@
 //!
 //! Exit codes: 0 ok, 1 unreachable or internal error, 2 invalid input,
 //! 3 busy (held by another), 4 lease lost or unknown lease, 5 a check found
-//! stale effects accepted.
+//! stale effects accepted or `arbiter put` was rejected as stale. `run`
+//! passes its command's code through (128+N if signal N killed it; 126/127
+//! when the command cannot be started).
 
 mod arbiter_cmd;
 mod bench;
 mod cli;
 mod client_cmds;
 mod demo;
+mod run_cmd;
 mod serve;
 mod watch_cmd;
 

@@ -1,0 +1,175 @@
+//! The background keep-alive of a [`crate::Lease`]: renewals over the
+//! `KeepAlive` stream every third of the usable window, and the bookkeeping
+//! that turns each success into a new self-fencing deadline.
+//!
+//! The stream answers renewals one for one, in order, so the reply at the
+//! front pairs with the oldest send time in flight. A broken or stalled
+//! stream is reopened (with backoff) until the deadline; a refusal ends the
+//! lease at once.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use leasefence_core::{LeaseId, ResourceId, Token};
+use leasefence_proto::v1 as pb;
+use tokio::sync::mpsc;
+use tokio::time::{Instant, sleep_until};
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::Client;
+use crate::deadline::{deadline, renew_interval};
+use crate::watch::{Loss, StateTx, set_lost};
+
+/// Renewals sent but not yet answered, at most; more means the stream stalls.
+const IN_FLIGHT_MAX: usize = 3;
+/// First wait before reopening a broken stream.
+const BACKOFF_MIN: Duration = Duration::from_millis(10);
+
+/// Why one stream ended.
+enum StreamEnd {
+    Lost(Loss),
+    /// Transport failure or stall: reopen.
+    Broken,
+}
+
+pub(crate) struct KeepAlive {
+    pub client: Client,
+    pub resource: ResourceId,
+    pub lease_id: LeaseId,
+    pub token: Token,
+    pub ttl: Duration,
+    pub margin: Duration,
+    pub state: StateTx,
+}
+
+impl KeepAlive {
+    /// Renews until the lease is lost, then publishes the loss.
+    pub(crate) async fn run(self) {
+        let loss = self.renew_until_lost().await;
+        set_lost(&self.state, loss);
+    }
+
+    fn deadline(&self) -> Instant {
+        self.state.borrow().deadline
+    }
+
+    fn interval(&self) -> Duration {
+        renew_interval(self.ttl, self.margin)
+    }
+
+    async fn renew_until_lost(&self) -> Loss {
+        let mut backoff = BACKOFF_MIN;
+        loop {
+            match self.one_stream().await {
+                StreamEnd::Lost(loss) => return loss,
+                StreamEnd::Broken => {
+                    let retry_at = (Instant::now() + backoff).min(self.deadline());
+                    sleep_until(retry_at).await;
+                    if Instant::now() >= self.deadline() {
+                        return Loss::Expired;
+                    }
+                    backoff = (backoff * 2).min(self.interval());
+                }
+            }
+        }
+    }
+
+    /// Records that a renewal sent at `sent` succeeded with `valid_for` left.
+    /// A success that arrives after the deadline cannot revive the lease:
+    /// anyone may have been told it is lost already.
+    fn proven(&self, sent: Instant, valid_for: Duration) -> Option<Loss> {
+        let mut lost = None;
+        self.state.send_if_modified(|s| {
+            if s.loss.is_some() {
+                return false;
+            }
+            if Instant::now() >= s.deadline {
+                s.loss = Some(Loss::Expired);
+                lost = s.loss;
+                return true;
+            }
+            let d = deadline(sent, valid_for, self.margin);
+            if d <= s.deadline {
+                return false;
+            }
+            s.deadline = d;
+            s.renewed_at = sent;
+            true
+        });
+        lost
+    }
+
+    fn request(&self) -> pb::RenewRequest {
+        pb::RenewRequest {
+            resource: self.resource.to_string(),
+            lease_id: self.lease_id.to_hex(),
+        }
+    }
+
+    fn classify(&self, status: &tonic::Status) -> StreamEnd {
+        match leasefence_proto::status_to_error(&self.resource, status) {
+            None => StreamEnd::Broken,
+            // Lease lost, or any other refusal of a renewal of a lease we were
+            // granted: the coordinator no longer vouches for it.
+            Some(_) => StreamEnd::Lost(Loss::Revoked),
+        }
+    }
+
+    fn answered(&self, in_flight: &mut VecDeque<Instant>, lease: &pb::Lease) -> Option<StreamEnd> {
+        let Some(sent) = in_flight.pop_front() else {
+            return Some(StreamEnd::Broken);
+        };
+        if lease.token != self.token.get() {
+            return Some(StreamEnd::Lost(Loss::TokenChanged));
+        }
+        let valid_for = Duration::from_millis(lease.ttl_ms.min(lease.expires_in_ms));
+        self.proven(sent, valid_for).map(StreamEnd::Lost)
+    }
+
+    /// Opens one `KeepAlive` stream and renews over it until it breaks or the
+    /// lease is lost.
+    async fn one_stream(&self) -> StreamEnd {
+        let (tx, rx) = mpsc::channel(IN_FLIGHT_MAX);
+        let mut in_flight = VecDeque::with_capacity(IN_FLIGHT_MAX);
+        let mut next_at = (self.state.borrow().renewed_at + self.interval()).max(Instant::now());
+        let mut grpc = self.client.grpc();
+        let opened = tokio::select! {
+            biased;
+            () = sleep_until(self.deadline()) => return StreamEnd::Lost(Loss::Expired),
+            r = grpc.keep_alive(ReceiverStream::new(rx)) => r,
+        };
+        let mut inbound = match opened {
+            Ok(r) => r.into_inner(),
+            Err(status) => return self.classify(&status),
+        };
+        loop {
+            tokio::select! {
+                biased;
+                () = sleep_until(self.deadline()) => return StreamEnd::Lost(Loss::Expired),
+                msg = inbound.message() => match msg {
+                    Ok(Some(lease)) => {
+                        if let Some(end) = self.answered(&mut in_flight, &lease) {
+                            return end;
+                        }
+                    }
+                    Ok(None) => return StreamEnd::Broken,
+                    Err(status) => return self.classify(&status),
+                },
+                () = sleep_until(next_at) => {
+                    let now = Instant::now();
+                    let stalled = in_flight.front().is_some_and(|t| now - *t > self.interval());
+                    if stalled || in_flight.len() >= IN_FLIGHT_MAX {
+                        return StreamEnd::Broken;
+                    }
+                    // The send time is taken before the message is handed
+                    // over: it can only be earlier than the real send.
+                    in_flight.push_back(now);
+                    if tx.try_send(self.request()).is_err() {
+                        return StreamEnd::Broken;
+                    }
+                    next_at = now + self.interval();
+                }
+            }
+        }
+    }
+}
