@@ -54,7 +54,7 @@ type LeaseStream = Pin<Box<dyn Stream<Item = Result<pb::Lease, Status>> + Send +
 impl Leases for GrpcLeases {
     async fn acquire(&self, request: Request<pb::AcquireRequest>) -> Result<Response<pb::Lease>, Status> {
         let r = request.into_inner();
-        let req = wire::acquire(&r.resource, r.ttl_ms, Some(&r.holder), r.wait_ms).map_err(invalid)?;
+        let req = wire::acquire_proto(&r).map_err(invalid)?;
         let grant = self.engine.acquire(req).await.map_err(status)?;
         Ok(Response::new(lease(&self.engine, &grant)))
     }

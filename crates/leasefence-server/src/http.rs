@@ -25,7 +25,6 @@ use axum::routing::{get, post};
 use leasefence_core::{Grant, Invalid, LeaseError};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use crate::{ApiError, Engine, wire};
@@ -51,24 +50,6 @@ pub fn router(engine: Arc<Engine>, metrics: Option<PrometheusHandle>) -> Router 
         .route("/v1/release", post(release))
         .route("/v1/status", get(status))
         .with_state(engine)
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AcquireBody {
-    resource: String,
-    ttl_ms: u64,
-    #[serde(default)]
-    holder: Option<String>,
-    #[serde(default)]
-    wait_ms: u64,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct LeaseBody {
-    resource: String,
-    lease_id: String,
 }
 
 #[derive(Deserialize)]
@@ -130,10 +111,6 @@ impl From<ApiError> for Failure {
     }
 }
 
-fn parse<T: DeserializeOwned>(body: &Bytes, shape: &str) -> Result<T, Failure> {
-    serde_json::from_slice(body).map_err(|e| Invalid::new("body", format!("{e}; expected JSON {shape}")).into())
-}
-
 fn lease_json(engine: &Engine, g: &Grant) -> Value {
     json!({
         "resource": g.resource.as_str(),
@@ -145,29 +122,23 @@ fn lease_json(engine: &Engine, g: &Grant) -> Value {
     })
 }
 
-const ACQUIRE_SHAPE: &str = r#"{"resource": string, "ttl_ms": integer, "holder"?: string, "wait_ms"?: integer}"#;
-const LEASE_SHAPE: &str = r#"{"resource": string, "lease_id": string}"#;
-
 async fn acquire(State(engine): State<Arc<Engine>>, body: Bytes) -> Result<axum::Json<Value>, Failure> {
-    let b: AcquireBody = parse(&body, ACQUIRE_SHAPE)?;
-    let req = wire::acquire(&b.resource, b.ttl_ms, b.holder.as_deref(), b.wait_ms)?;
+    let req = wire::acquire_json(&body)?;
     let grant = engine.acquire(req).await?;
     Ok(axum::Json(lease_json(&engine, &grant)))
 }
 
 async fn renew(State(engine): State<Arc<Engine>>, body: Bytes) -> Result<axum::Json<Value>, Failure> {
-    let b: LeaseBody = parse(&body, LEASE_SHAPE)?;
-    let grant = engine.renew(&wire::resource(&b.resource)?, &wire::lease_id(&b.lease_id)?)?;
+    let (resource, lease_id) = wire::lease_json(&body)?;
+    let grant = engine.renew(&resource, &lease_id)?;
     Ok(axum::Json(lease_json(&engine, &grant)))
 }
 
 async fn release(State(engine): State<Arc<Engine>>, body: Bytes) -> Result<axum::Json<Value>, Failure> {
-    let b: LeaseBody = parse(&body, LEASE_SHAPE)?;
-    let token = engine
-        .release(&wire::resource(&b.resource)?, &wire::lease_id(&b.lease_id)?)
-        .await?;
+    let (resource, lease_id) = wire::lease_json(&body)?;
+    let token = engine.release(&resource, &lease_id).await?;
     Ok(axum::Json(
-        json!({ "resource": b.resource, "token": token.get(), "released": true }),
+        json!({ "resource": resource.as_str(), "token": token.get(), "released": true }),
     ))
 }
 

@@ -14,7 +14,7 @@ mod grpc;
 mod http;
 pub mod metrics;
 pub mod watch;
-mod wire;
+pub mod wire;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -1,9 +1,11 @@
 //! Validation of wire input into core types, shared by the gRPC and HTTP edges
-//! so both accept and refuse exactly the same requests.
+//! so both accept and refuse exactly the same requests. Public so that fuzz
+//! targets can drive exactly the code the edges run.
 
 use std::time::Duration;
 
 use leasefence_core::{Grant, Holder, Invalid, LeaseId, MonoTime, ResourceId};
+use serde::Deserialize;
 
 use crate::engine::Acquire;
 
@@ -38,4 +40,46 @@ pub fn millis(d: Duration) -> u64 {
 /// Time left on a grant at `now`.
 pub fn expires_in_ms(grant: &Grant, now: MonoTime) -> u64 {
     millis(grant.expires_at.saturating_since(now))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AcquireBody {
+    resource: String,
+    ttl_ms: u64,
+    #[serde(default)]
+    holder: Option<String>,
+    #[serde(default)]
+    wait_ms: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LeaseBody {
+    resource: String,
+    lease_id: String,
+}
+
+const ACQUIRE_SHAPE: &str = r#"{"resource": string, "ttl_ms": integer, "holder"?: string, "wait_ms"?: integer}"#;
+const LEASE_SHAPE: &str = r#"{"resource": string, "lease_id": string}"#;
+
+fn json<'a, T: Deserialize<'a>>(body: &'a [u8], shape: &str) -> Result<T, Invalid> {
+    serde_json::from_slice(body).map_err(|e| Invalid::new("body", format!("{e}; expected JSON {shape}")))
+}
+
+/// Decodes and validates an HTTP acquire body (TTL bounds are the engine's).
+pub fn acquire_json(body: &[u8]) -> Result<Acquire, Invalid> {
+    let b: AcquireBody = json(body, ACQUIRE_SHAPE)?;
+    acquire(&b.resource, b.ttl_ms, b.holder.as_deref(), b.wait_ms)
+}
+
+/// Decodes and validates an HTTP renew or release body.
+pub fn lease_json(body: &[u8]) -> Result<(ResourceId, LeaseId), Invalid> {
+    let b: LeaseBody = json(body, LEASE_SHAPE)?;
+    Ok((resource(&b.resource)?, lease_id(&b.lease_id)?))
+}
+
+/// Validates a decoded gRPC acquire.
+pub fn acquire_proto(r: &leasefence_proto::v1::AcquireRequest) -> Result<Acquire, Invalid> {
+    acquire(&r.resource, r.ttl_ms, Some(&r.holder), r.wait_ms)
 }
