@@ -100,6 +100,31 @@ pub async fn admit(tx: &Transaction<'_>, fence: &Fence, mode: FenceMode) -> Resu
     .map_err(|e| observe(BACKEND, ArbiterError::from(e)))
 }
 
+/// Admits `fence` and runs `effect` **pipelined**: the admit and the effect's
+/// statements go out on the connection without waiting for each other, which
+/// saves the admit's round trip. Both run in `tx`, so a stale admit aborts the
+/// transaction and nothing of the effect can commit, in whatever order the
+/// server sees them; the effect's own statements then fail (SQLSTATE 25P02)
+/// and this returns the rejection, not their error.
+///
+/// Only for effects made of statements on `tx`: anything else the effect does
+/// (a message sent, a file written) happens before the admit is known.
+pub async fn admit_pipelined<T, E, Fut>(
+    tx: &Transaction<'_>,
+    fence: &Fence,
+    mode: FenceMode,
+    effect: Fut,
+) -> Result<T, E>
+where
+    E: From<ArbiterError>,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    // `biased`: the admit is polled (and so sent) first.
+    let (admitted, out) = tokio::join!(biased; admit(tx, fence, mode), effect);
+    admitted?;
+    out
+}
+
 /// The recorded `last_token` of `resource`, `None` if it was never admitted.
 pub async fn last_token(client: &impl GenericClient, resource: &ResourceId) -> Result<Option<Token>, ArbiterError> {
     let row = client

@@ -243,3 +243,40 @@ async fn with_fence_works_on_a_pooled_connection() {
     .await;
     assert!(matches!(again, Err(ArbiterError::Stale(_))), "{again:?}");
 }
+
+#[tokio::test]
+async fn pipelined_admit_commits_with_the_effect_and_a_stale_one_leaves_nothing() {
+    let Some(mut c) = client().await else { return };
+    let r = unique_resource("pipelined");
+    c.batch_execute("CREATE TEMP TABLE effects (v text NOT NULL)")
+        .await
+        .expect("temp table");
+    for (token, value) in [(5u64, "five"), (4, "four"), (5, "five again"), (6, "six")] {
+        let tx = c.transaction().await.expect("begin");
+        let effect = async {
+            tx.execute("INSERT INTO effects VALUES ($1)", &[&value])
+                .await
+                .map_err(ArbiterError::from)
+        };
+        match postgres::admit_pipelined(&tx, &fence(&r, token), FenceMode::Strict, effect).await {
+            Ok(_) => tx.commit().await.expect("commit"),
+            Err(ArbiterError::Stale(s)) => {
+                assert_eq!(s.presented.get(), token);
+                tx.rollback().await.expect("rollback");
+            }
+            Err(other) => panic!("token {token}: expected admitted or stale, got {other:?}"),
+        }
+    }
+    let rows: Vec<String> = c
+        .query("SELECT v FROM effects ORDER BY v", &[])
+        .await
+        .expect("read")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(rows, ["five", "six"], "stale and equal tokens left no effect");
+    assert_eq!(
+        postgres::last_token(&c, &r).await.expect("last").map(|t| t.get()),
+        Some(6)
+    );
+}
