@@ -12,6 +12,9 @@
 //!   if the coordinator is unreachable (the send time of the last successful
 //!   renewal + TTL − a safety margin, see [`default_margin`]);
 //!   [`Client::with_lease`] runs work under a lease and cancels it on loss.
+//! - Leader election ([`election`]): [`Client::campaign`] blocks until this
+//!   client leads a name and returns a [`Leader`] whose term is its fencing
+//!   token; [`Client::observe`] streams [`LeaderChange`]s.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -34,11 +37,13 @@
 //! ```
 
 mod deadline;
+pub mod election;
 mod keepalive;
 mod session;
 mod watch;
 
 pub use deadline::{MARGIN_MIN, default_margin};
+pub use election::{CAMPAIGN_WAIT_DEFAULT, Leader, LeaderChange, LeaderChanges};
 pub use session::{Lease, LeaseConfig, WithLeaseError};
 pub use watch::{LeaseWatch, Loss};
 

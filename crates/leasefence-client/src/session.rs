@@ -59,6 +59,11 @@ impl LeaseConfig {
         self.ttl
     }
 
+    /// How long one acquire waits for a busy resource (zero: not at all).
+    pub fn wait(&self) -> Duration {
+        self.wait
+    }
+
     /// The margin in effect; refused if it leaves no part of the TTL usable.
     pub fn margin(&self) -> Result<Duration, Invalid> {
         check_margin(self.ttl, self.margin.unwrap_or_else(|| default_margin(self.ttl)))

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::{CmdResult, arbiter_cmd, bench, client_cmds, demo, run_cmd, serve, watch_cmd};
+use crate::{CmdResult, arbiter_cmd, bench, client_cmds, demo, elect_cmd, observe_cmd, run_cmd, serve, watch_cmd};
 
 /// leasefence: leases with fencing tokens, and the arbiters that enforce them.
 #[derive(Parser, Debug)]
@@ -39,6 +39,10 @@ pub enum Command {
     Status(StatusArgs),
     /// Run a command while holding a lease; stop it if the lease is lost.
     Run(run_cmd::RunArgs),
+    /// Campaign for leadership of a name, then run a command as its leader.
+    Elect(elect_cmd::ElectArgs),
+    /// Print each change of a name's leader as it happens.
+    Observe(observe_cmd::ObserveArgs),
     /// Resource-side arbiters: install, check, put.
     #[command(subcommand)]
     Arbiter(arbiter_cmd::ArbiterCommand),
@@ -131,6 +135,8 @@ pub async fn run(cli: Cli) -> CmdResult {
         Command::Release(a) => client_cmds::release(a).await,
         Command::Status(a) => client_cmds::status(a).await,
         Command::Run(a) => run_cmd::run(a).await,
+        Command::Elect(a) => elect_cmd::run(a).await,
+        Command::Observe(a) => observe_cmd::run(a).await,
         Command::Arbiter(c) => arbiter_cmd::run(c).await,
         Command::Watch(a) => watch_cmd::run(a).await,
         Command::Demo => demo::run().await,

@@ -9,9 +9,12 @@
 
 mod arbiter_cmd;
 mod bench;
+mod child;
 mod cli;
 mod client_cmds;
 mod demo;
+mod elect_cmd;
+mod observe_cmd;
 mod run_cmd;
 mod serve;
 mod watch_cmd;

@@ -1,0 +1,71 @@
+//! `leasefence observe NAME [--json] [--count N]`: print one line per change
+//! of an election's leadership, starting with the current state. Reconnects
+//! by itself; the view may lag behind the coordinator.
+
+use clap::Args;
+use leasefence_client::{Client, LeaderChange};
+use leasefence_core::ResourceId;
+use serde_json::json;
+
+use crate::cli::ServerArg;
+use crate::client_cmds::failure;
+use crate::{CmdResult, Failure};
+
+#[derive(Args, Debug)]
+pub struct ObserveArgs {
+    /// The election's name.
+    pub name: String,
+    /// Print one JSON object per change.
+    #[arg(long)]
+    pub json: bool,
+    /// Stop after this many lines (default: run until interrupted).
+    #[arg(long)]
+    pub count: Option<u64>,
+    #[command(flatten)]
+    pub server: ServerArg,
+}
+
+fn print(name: &ResourceId, change: &LeaderChange, as_json: bool) {
+    match (change, as_json) {
+        (LeaderChange::Leader { term, holder }, true) => {
+            let v = json!({ "name": name.as_str(), "state": "leader", "term": term.get(), "holder": holder.as_str() });
+            println!("{v}");
+        }
+        (LeaderChange::Vacant { last_term }, true) => {
+            let v = json!({ "name": name.as_str(), "state": "vacant", "last_term": last_term.map(|t| t.get()) });
+            println!("{v}");
+        }
+        (LeaderChange::Leader { term, holder }, false) => println!("leader {name} term={term} holder={holder}"),
+        (LeaderChange::Vacant { last_term: Some(t) }, false) => println!("vacant {name} last_term={t}"),
+        (LeaderChange::Vacant { last_term: None }, false) => println!("vacant {name}"),
+    }
+}
+
+pub async fn run(a: ObserveArgs) -> CmdResult {
+    let name = ResourceId::new(&a.name).map_err(Failure::invalid)?;
+    let client = Client::connect(&a.server.server).await.map_err(failure)?;
+    let mut changes = client.observe(&name);
+    let mut printed = 0u64;
+    let mut last_error = None;
+    while let Some(item) = changes.next().await {
+        match item {
+            Ok(change) => {
+                print(&name, &change, a.json);
+                printed += 1;
+                if a.count.is_some_and(|c| printed >= c) {
+                    return Ok(());
+                }
+            }
+            // Nothing shown yet: say so rather than wait silently.
+            Err(e) if printed == 0 => return Err(failure(e)),
+            Err(e) => {
+                eprintln!("observe: {e}; reconnecting");
+                last_error = Some(e);
+            }
+        }
+    }
+    match last_error {
+        Some(e) => Err(failure(e)),
+        None => Ok(()),
+    }
+}
