@@ -11,8 +11,17 @@ use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]
 enum Op {
-    Grant { resource: u8, token: u64, id: u8, ttl_ms: u32 },
-    Release { resource: u8, token: u64, expired: bool },
+    Grant {
+        resource: u8,
+        token: u64,
+        id: u8,
+        ttl_ms: u32,
+    },
+    Release {
+        resource: u8,
+        token: u64,
+        expired: bool,
+    },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -24,17 +33,30 @@ struct Step {
 fn mutation(op: &Op) -> Option<Mutation> {
     let name = |r: &u8| ResourceId::new(&format!("r{}", r % 4)).ok();
     Some(match op {
-        Op::Grant { resource, token, id, ttl_ms } => Mutation::Grant {
+        Op::Grant {
+            resource,
+            token,
+            id,
+            ttl_ms,
+        } => Mutation::Grant {
             resource: name(resource)?,
             token: Token::new(*token)?,
             lease_id: LeaseId::from_bytes([*id; 16]),
             holder: Holder::new("fuzz").ok()?,
             ttl: Duration::from_millis(u64::from(*ttl_ms)),
         },
-        Op::Release { resource, token, expired } => Mutation::Release {
+        Op::Release {
+            resource,
+            token,
+            expired,
+        } => Mutation::Release {
             resource: name(resource)?,
             token: Token::new(*token)?,
-            cause: if *expired { ReleaseCause::Expired } else { ReleaseCause::Released },
+            cause: if *expired {
+                ReleaseCause::Expired
+            } else {
+                ReleaseCause::Released
+            },
         },
     })
 }
@@ -58,6 +80,9 @@ fuzz_target!(|steps: Vec<Step>| {
             drop(real);
             real = open();
         }
-        assert_eq!(sorted(real.load().expect("load")), sorted(reference.load().expect("load")));
+        assert_eq!(
+            sorted(real.load().expect("load")),
+            sorted(reference.load().expect("load"))
+        );
     }
 });
