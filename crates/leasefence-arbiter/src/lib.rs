@@ -37,6 +37,6 @@ pub use conformance::{ConformanceTarget, Outcome};
 pub use dispatch::{BackendUrl, check, install};
 pub use error::ArbiterError;
 pub use pause_kit::{Counterexample, Report, pause_check};
-pub use reject::REJECTIONS_METRIC;
+pub use reject::{REJECTIONS_METRIC, set_rejection_prefix_segments};
 
 pub use leasefence_core::{Fence, FenceMode, ResourceId, Stale, Token};

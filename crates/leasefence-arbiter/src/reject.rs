@@ -3,16 +3,43 @@
 //! Tokens are not secrets, so the log line carries resource, presented and
 //! current in full.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use leasefence_core::{Invalid, Stale, Token};
 
 use crate::ArbiterError;
 
-/// Counter incremented once per rejected effect, labelled `backend`.
+/// Counter incremented once per rejected effect, labelled `backend` (and
+/// `prefix` once [`set_rejection_prefix_segments`] configured it).
 pub const REJECTIONS_METRIC: &str = "leasefence_arbiter_rejections_total";
+
+static PREFIX_SEGMENTS: AtomicUsize = AtomicUsize::new(0);
+
+/// Labels rejections with the first `segments` `/`-separated parts of the
+/// resource (`tenant/7/orders/42` with 2 → `tenant/7`). 0, the default, adds no
+/// label. Pick a depth with few distinct values (tenants, tables), never one
+/// per row: every value is a time series. Process-wide, like the recorder.
+pub fn set_rejection_prefix_segments(segments: usize) {
+    PREFIX_SEGMENTS.store(segments, Ordering::Relaxed);
+}
+
+/// The first `segments` parts of `resource` (all of it if it has fewer).
+fn prefix(resource: &str, segments: usize) -> &str {
+    match resource.match_indices('/').nth(segments.saturating_sub(1)) {
+        Some((i, _)) => &resource[..i],
+        None => resource,
+    }
+}
 
 /// Counts and logs `stale`, and returns it as the typed error.
 pub(crate) fn rejected(backend: &'static str, stale: Stale) -> ArbiterError {
-    metrics::counter!(REJECTIONS_METRIC, "backend" => backend).increment(1);
+    match PREFIX_SEGMENTS.load(Ordering::Relaxed) {
+        0 => metrics::counter!(REJECTIONS_METRIC, "backend" => backend).increment(1),
+        n => {
+            let prefix = prefix(stale.resource.as_str(), n).to_string();
+            metrics::counter!(REJECTIONS_METRIC, "backend" => backend, "prefix" => prefix).increment(1);
+        }
+    }
     tracing::info!(
         backend,
         resource = %stale.resource,
@@ -54,4 +81,17 @@ pub(crate) fn token_from_i64(backend: &'static str, v: i64) -> Result<Token, Arb
             backend,
             message: format!("stored last_token {v} is not a valid token (must be 1..={})", i64::MAX),
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefix;
+
+    #[test]
+    fn prefix_takes_whole_segments() {
+        assert_eq!(prefix("tenant/7/orders/42", 1), "tenant");
+        assert_eq!(prefix("tenant/7/orders/42", 2), "tenant/7");
+        assert_eq!(prefix("tenant/7", 5), "tenant/7");
+        assert_eq!(prefix("plain", 1), "plain");
+    }
 }
