@@ -1,0 +1,122 @@
+//! Runs both trial kinds through the real binaries: this crate's
+//! `leasefence-trials` (`CARGO_BIN_EXE_leasefence-trials`) and the
+//! `leasefence` coordinator next to it.
+//!
+//! Cargo builds only this package's binaries for its integration tests, and
+//! a bin crate cannot be a dev-dependency, so the `leasefence` binary is
+//! looked up in the same target directory (`target/<profile>/leasefence`);
+//! when it is missing, the test runs `cargo build -p leasefence` (with
+//! `--release` for a release test build) once and looks again.
+//!
+//! The pause trials need PostgreSQL: `LEASEFENCE_TEST_POSTGRES_URL`. Unset,
+//! the test fails under `CI=true` and is skipped otherwise.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+const TRIALS_BIN: &str = env!("CARGO_BIN_EXE_leasefence-trials");
+
+/// The `leasefence` binary next to `leasefence-trials`, built if missing.
+fn coordinator_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let dir = Path::new(TRIALS_BIN).parent().expect("the bin has a directory");
+        let bin = dir.join("leasefence");
+        if !bin.is_file() {
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let mut build = Command::new(cargo);
+            build
+                .args(["build", "-p", "leasefence"])
+                .current_dir(env!("CARGO_MANIFEST_DIR"));
+            if dir.file_name().is_some_and(|n| n == "release") {
+                build.arg("--release");
+            }
+            let status = build.status().expect("run cargo build -p leasefence");
+            assert!(status.success(), "cargo build -p leasefence failed: {status}");
+        }
+        assert!(bin.is_file(), "{} is still missing after building it", bin.display());
+        bin
+    })
+}
+
+/// Runs `leasefence-trials ARGS…`; returns (exit code, stdout).
+fn trials(args: &[&str]) -> (i32, String) {
+    let out = Command::new(TRIALS_BIN)
+        .args(args)
+        .arg("--bin")
+        .arg(coordinator_bin())
+        .output()
+        .expect("run leasefence-trials");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    (out.status.code().unwrap_or(-1), stdout)
+}
+
+fn last_line(stdout: &str) -> &str {
+    stdout.lines().last().unwrap_or_default()
+}
+
+#[test]
+fn pause_trials_reject_every_resumed_writer() {
+    let url = match std::env::var("LEASEFENCE_TEST_POSTGRES_URL") {
+        Ok(url) if !url.is_empty() => url,
+        _ => {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "CI=true needs LEASEFENCE_TEST_POSTGRES_URL for the pause trials"
+            );
+            eprintln!("skipped: LEASEFENCE_TEST_POSTGRES_URL not set");
+            return;
+        }
+    };
+    let (code, stdout) = trials(&["pause", "--postgres", &url, "--trials", "10", "--parallel", "4"]);
+    assert_eq!(
+        last_line(&stdout),
+        "10 trials, 0 stale effects, 0 token reuse, 0 acknowledged grants lost"
+    );
+    assert!(
+        stdout.contains("paused writer A: 10 rejected by the arbiter, 0 committed, 0 never attempted"),
+        "{stdout}"
+    );
+    assert_eq!(code, 0);
+}
+
+#[test]
+fn crash_trials_neither_reuse_nor_lose_tokens() {
+    let (code, stdout) = trials(&["crash", "--trials", "5"]);
+    assert_eq!(
+        last_line(&stdout),
+        "5 trials, 0 stale effects, 0 token reuse, 0 acknowledged grants lost"
+    );
+    assert_eq!(code, 0);
+}
+
+#[test]
+fn out_of_range_trial_counts_are_refused() {
+    for bad in ["0", "100001", "many"] {
+        let out = Command::new(TRIALS_BIN)
+            .args(["crash", "--trials", bad])
+            .output()
+            .expect("run leasefence-trials");
+        assert_eq!(out.status.code(), Some(2), "--trials {bad}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("--trials"),
+            "--trials {bad}"
+        );
+    }
+}
+
+#[test]
+fn a_missing_coordinator_binary_is_a_clear_error() {
+    let out = Command::new(TRIALS_BIN)
+        .args(["crash", "--trials", "1", "--bin", "/nonexistent/leasefence"])
+        .output()
+        .expect("run leasefence-trials");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("the leasefence binary is missing at /nonexistent/leasefence"),
+        "{stderr}"
+    );
+}
