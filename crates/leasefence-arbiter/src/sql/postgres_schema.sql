@@ -69,18 +69,31 @@ BEGIN
             MESSAGE = format('leasefence_admit: mode must be ''strict'' or ''monotonic'', got %L', p_mode);
     END IF;
 
-    INSERT INTO leasefence_fences AS f (resource, last_token, mode, updated_at)
-    VALUES (p_resource, p_token, p_mode, now())
-    ON CONFLICT (resource) DO UPDATE
-        SET last_token = excluded.last_token, mode = excluded.mode, updated_at = excluded.updated_at
-        WHERE f.last_token < excluded.last_token
-           OR (excluded.mode = 'monotonic' AND f.last_token = excluded.last_token)
-    RETURNING f.last_token INTO v_current;
-    IF FOUND THEN
-        RETURN;
-    END IF;
+    -- The common case, a fence that exists, is one UPDATE: cheaper than an
+    -- INSERT .. ON CONFLICT, which tries the insert first. Under READ
+    -- COMMITTED an UPDATE blocked by a racer re-checks its WHERE against the
+    -- racer's committed row, so the rule holds.
+    LOOP
+        UPDATE leasefence_fences AS f
+           SET last_token = p_token, mode = p_mode, updated_at = now()
+         WHERE f.resource = p_resource
+           AND (f.last_token < p_token OR (p_mode = 'monotonic' AND f.last_token = p_token));
+        IF FOUND THEN
+            RETURN;
+        END IF;
+        INSERT INTO leasefence_fences (resource, last_token, mode, updated_at)
+        VALUES (p_resource, p_token, p_mode, now())
+        ON CONFLICT (resource) DO NOTHING;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+        -- The row exists. If a racer created it with a lower token after our
+        -- UPDATE looked, try the UPDATE again; otherwise we are stale.
+        SELECT f.last_token INTO v_current FROM leasefence_fences f WHERE f.resource = p_resource;
+        EXIT WHEN v_current IS NULL
+              OR NOT (v_current < p_token OR (p_mode = 'monotonic' AND v_current = p_token));
+    END LOOP;
 
-    SELECT f.last_token INTO v_current FROM leasefence_fences f WHERE f.resource = p_resource;
     RAISE EXCEPTION USING
         ERRCODE = 'LF001',
         MESSAGE = format('stale fencing token for %s: presented %s, current %s', p_resource, p_token, v_current),
