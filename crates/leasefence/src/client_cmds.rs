@@ -31,7 +31,7 @@ async fn connect(url: &str) -> Result<Client, Failure> {
     Client::connect(url).await.map_err(failure)
 }
 
-fn default_holder() -> String {
+pub(crate) fn default_holder() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .map(|h| h.trim().to_string())

@@ -22,7 +22,7 @@ use tokio::process::Command;
 
 use crate::child::{Ended, exit_code, supervise};
 use crate::cli::{ServerArg, parse_duration};
-use crate::client_cmds::failure;
+use crate::client_cmds::{default_holder, failure};
 use crate::{CmdResult, Failure};
 
 /// The environment variable naming the coordinator, for the child's own calls.
@@ -31,12 +31,19 @@ const ENV_SERVER: &str = "LEASEFENCE_SERVER";
 #[derive(Args, Debug)]
 pub struct RunArgs {
     pub resource: String,
-    /// Lease time to live; renewed about every third of it while CMD runs.
-    #[arg(long, value_parser = parse_duration)]
-    pub ttl: Duration,
     /// Wait up to this long for a busy resource (default: fail at once, exit 3).
     #[arg(long, value_parser = parse_duration, default_value = "0s")]
     pub wait: Duration,
+    #[command(flatten)]
+    pub child: ChildArgs,
+}
+
+/// What `run` and `elect` share: the lease held for the child, and the child.
+#[derive(Args, Debug)]
+pub struct ChildArgs {
+    /// Lease time to live; renewed about every third of it while CMD runs.
+    #[arg(long, value_parser = parse_duration)]
+    pub ttl: Duration,
     /// After SIGTERM on loss, how long before SIGKILL.
     #[arg(long, value_parser = parse_duration, default_value = "2s")]
     pub grace: Duration,
@@ -53,25 +60,29 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
-pub(crate) fn default_holder() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|h| h.trim().to_string())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "host".to_string());
-    format!("{host}:{}", std::process::id())
+impl ChildArgs {
+    /// The lease configuration these flags ask for (no wait).
+    pub(crate) fn lease_config(&self) -> Result<LeaseConfig, Failure> {
+        let holder = Holder::new(&self.holder.clone().unwrap_or_else(default_holder)).map_err(Failure::invalid)?;
+        let config = LeaseConfig::new(self.ttl).with_holder(holder);
+        Ok(match self.margin {
+            Some(m) => config.with_margin(m),
+            None => config,
+        })
+    }
+
+    /// Runs the command under `lease` (see [`run_with_lease`]).
+    pub(crate) async fn run_under(&self, lease: Lease) -> CmdResult {
+        run_with_lease(lease, &self.server.server, &self.command, self.grace).await
+    }
 }
 
 pub async fn run(a: RunArgs) -> CmdResult {
     let resource = ResourceId::new(&a.resource).map_err(Failure::invalid)?;
-    let holder = Holder::new(&a.holder.clone().unwrap_or_else(default_holder)).map_err(Failure::invalid)?;
-    let mut config = LeaseConfig::new(a.ttl).with_wait(a.wait).with_holder(holder);
-    if let Some(m) = a.margin {
-        config = config.with_margin(m);
-    }
-    let client = Client::connect(&a.server.server).await.map_err(failure)?;
+    let config = a.child.lease_config()?.with_wait(a.wait);
+    let client = Client::connect(&a.child.server.server).await.map_err(failure)?;
     let lease = client.lease(&resource, config).await.map_err(failure)?;
-    run_with_lease(lease, &a.server.server, &a.command, a.grace).await
+    a.child.run_under(lease).await
 }
 
 /// Runs `command` (program and arguments) under `lease`, with the fence and
