@@ -9,31 +9,21 @@ use std::time::Duration;
 
 use common::ms;
 use leasefence_proto::v1::{self as pb, leases_client::LeasesClient};
-use leasefence_server::{Server, ServerConfig};
 use serde_json::{Value, json};
 use tonic::Code;
 
 struct Running {
     url: String,
     http: reqwest::Client,
-    _stop: tokio::sync::oneshot::Sender<()>,
-    _dir: tempfile::TempDir,
+    _server: common::InProcess,
 }
 
 async fn start() -> Running {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = ServerConfig::new("127.0.0.1:0".parse().expect("addr"), dir.path().to_path_buf());
-    let server = Server::bind(config).await.expect("bind");
-    let url = format!("http://{}", server.local_addr().expect("addr"));
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(server.run(async {
-        let _ = rx.await;
-    }));
+    let server = common::in_process().await;
     Running {
-        url,
+        url: server.url.clone(),
         http: reqwest::Client::new(),
-        _stop: tx,
-        _dir: dir,
+        _server: server,
     }
 }
 

@@ -7,21 +7,8 @@ use std::time::Duration;
 
 use common::ms;
 use leasefence_proto::v1::{self as pb, leases_client::LeasesClient, watch_event::Kind};
-use leasefence_server::{Server, ServerConfig};
 use tonic::Code;
 use tonic::transport::Channel;
-
-async fn start() -> (String, tokio::sync::oneshot::Sender<()>, tempfile::TempDir) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = ServerConfig::new("127.0.0.1:0".parse().expect("addr"), dir.path().to_path_buf());
-    let server = Server::bind(config).await.expect("bind");
-    let url = format!("http://{}", server.local_addr().expect("addr"));
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(server.run(async {
-        let _ = rx.await;
-    }));
-    (url, tx, dir)
-}
 
 fn watch_req(after: Option<u64>, id: &str) -> pb::WatchRequest {
     pb::WatchRequest {
@@ -80,7 +67,8 @@ async fn transitions(c: &mut LeasesClient<Channel>) {
 
 #[tokio::test]
 async fn two_watchers_see_every_transition_in_order_across_a_reconnect() {
-    let (url, _stop, _dir) = start().await;
+    let server = common::in_process().await;
+    let url = server.url.clone();
     let mut c = LeasesClient::connect(url.clone()).await.expect("connect");
     let mut w1 = c.clone().watch(watch_req(Some(0), "")).await.expect("w1").into_inner();
     let mut w2 = c.clone().watch(watch_req(Some(0), "")).await.expect("w2").into_inner();
@@ -120,7 +108,8 @@ async fn two_watchers_see_every_transition_in_order_across_a_reconnect() {
 
 #[tokio::test]
 async fn resuming_against_another_coordinator_or_the_future_is_refused() {
-    let (url, _stop, _dir) = start().await;
+    let server = common::in_process().await;
+    let url = server.url.clone();
     let mut c = LeasesClient::connect(url).await.expect("connect");
     let e = c
         .watch(watch_req(Some(0), "not-this-one"))

@@ -71,3 +71,29 @@ pub fn cli(args: &[&str]) -> (i32, String, String) {
 pub fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
+
+/// A coordinator served from this test process (real sockets, temp store);
+/// it stops when dropped.
+pub struct InProcess {
+    pub url: String,
+    _stop: tokio::sync::oneshot::Sender<()>,
+    _dir: tempfile::TempDir,
+}
+
+/// Starts a coordinator in this process on a free loopback port.
+pub async fn in_process() -> InProcess {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let addr = "127.0.0.1:0".parse().expect("addr");
+    let config = leasefence_server::ServerConfig::new(addr, dir.path().to_path_buf());
+    let server = leasefence_server::Server::bind(config).await.expect("bind");
+    let url = format!("http://{}", server.local_addr().expect("addr"));
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(server.run(async {
+        let _ = rx.await;
+    }));
+    InProcess {
+        url,
+        _stop: tx,
+        _dir: dir,
+    }
+}
