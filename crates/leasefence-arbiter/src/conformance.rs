@@ -48,8 +48,11 @@ pub trait ConformanceTarget: Send + Sync + 'static {
     /// Prefix of every resource this target may touch; [`Self::cleanup`] removes them.
     fn namespace(&self) -> &str;
 
-    /// The largest token the backend stores (`i64::MAX` for SQL backends).
-    fn token_max(&self) -> Token;
+    /// The largest token the backend stores: every u64 unless it says less
+    /// (the SQL backends store `i64::MAX` at most).
+    fn token_max(&self) -> Token {
+        Token::new(u64::MAX).unwrap_or(Token::FIRST)
+    }
 
     /// Where [`Self::admit_and_write_paused`] pauses.
     fn pause_point(&self) -> PausePoint {

@@ -44,6 +44,19 @@ impl Running {
         (code, resp.json().await.unwrap_or(Value::Null))
     }
 
+    /// An acquire of `resource` that waits up to 5 s, running in the background.
+    fn queue(&self, resource: &str, holder: &str) -> tokio::task::JoinHandle<reqwest::Response> {
+        let (http, url) = (self.http.clone(), self.url.clone());
+        let body = json!({"resource": resource, "ttl_ms": 10_000, "holder": holder, "wait_ms": 5000});
+        tokio::spawn(async move {
+            http.post(format!("{url}/v1/acquire"))
+                .body(body.to_string())
+                .send()
+                .await
+                .expect("post")
+        })
+    }
+
     async fn healthy(&self) {
         let resp = self
             .http
@@ -136,29 +149,9 @@ async fn http_waiters_are_served_in_order_when_the_holder_releases() {
     let (_, a) = s
         .post("/v1/acquire", json!({"resource": "q", "ttl_ms": 10_000, "holder": "a"}))
         .await;
-    let first = {
-        let s2 = (s.http.clone(), s.url.clone());
-        tokio::spawn(async move {
-            let body = json!({"resource": "q", "ttl_ms": 10_000, "holder": "first", "wait_ms": 5000});
-            s2.0.post(format!("{}/v1/acquire", s2.1))
-                .body(body.to_string())
-                .send()
-                .await
-                .expect("post")
-        })
-    };
+    let first = s.queue("q", "first");
     tokio::time::sleep(ms(100)).await;
-    let second = {
-        let s2 = (s.http.clone(), s.url.clone());
-        tokio::spawn(async move {
-            let body = json!({"resource": "q", "ttl_ms": 10_000, "holder": "second", "wait_ms": 5000});
-            s2.0.post(format!("{}/v1/acquire", s2.1))
-                .body(body.to_string())
-                .send()
-                .await
-                .expect("post")
-        })
-    };
+    let second = s.queue("q", "second");
     tokio::time::sleep(ms(100)).await;
     let (code, _) = s
         .post("/v1/release", json!({"resource": "q", "lease_id": a["lease_id"]}))

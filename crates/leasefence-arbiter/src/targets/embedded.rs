@@ -85,10 +85,6 @@ impl ConformanceTarget for EmbeddedTarget {
         &self.namespace
     }
 
-    fn token_max(&self) -> Token {
-        Token::new(u64::MAX).unwrap_or(Token::FIRST)
-    }
-
     async fn admit_and_write(
         &self,
         fence: &Fence,

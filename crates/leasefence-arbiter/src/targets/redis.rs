@@ -72,10 +72,6 @@ impl ConformanceTarget for RedisTarget {
         &self.namespace
     }
 
-    fn token_max(&self) -> Token {
-        Token::new(u64::MAX).unwrap_or(Token::FIRST)
-    }
-
     async fn admit_and_write(
         &self,
         fence: &Fence,
