@@ -24,7 +24,7 @@ use crate::reject::{observe, token_from_i64, token_to_i64};
 const BACKEND: &str = "postgres";
 
 /// The schema version this build installs and expects.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 /// SQLSTATE raised by `leasefence_admit` for a stale token.
 pub const SQLSTATE_STALE: &str = "LF001";
 /// SQLSTATE raised by `leasefence_admit` for an invalid argument.

@@ -280,3 +280,71 @@ async fn pipelined_admit_commits_with_the_effect_and_a_stale_one_leaves_nothing(
         Some(6)
     );
 }
+
+/// Installs into a schema of its own (so it cannot disturb the other tests'
+/// shared install), upgrades a version-1 install, refuses to downgrade a newer
+/// one, and shows the function uses its own schema's table whatever the
+/// caller's search_path.
+#[tokio::test]
+async fn install_upgrades_v1_refuses_newer_and_ignores_callers_search_path() {
+    let Some(url) = service_url(POSTGRES_URL) else { return };
+    let mut c = postgres::connect(&url).await.expect("connect");
+    let schema = format!("lf_install_{:016x}", getrandom::u64().expect("os randomness"));
+    c.batch_execute(&format!("CREATE SCHEMA {schema}; SET search_path = {schema}"))
+        .await
+        .expect("schema");
+    postgres::install(&mut c).await.expect("fresh install");
+
+    // What version 1 left behind: the function pinned with SET search_path.
+    c.batch_execute(&format!(
+        "ALTER FUNCTION {schema}.leasefence_admit(text, bigint, text) SET search_path = {schema}, pg_temp;
+         UPDATE {schema}.leasefence_schema_version SET version = 1 WHERE component = 'arbiter'"
+    ))
+    .await
+    .expect("simulate version 1");
+    postgres::install(&mut c).await.expect("upgrade from version 1");
+    assert_eq!(postgres::installed_version(&c).await.expect("version"), Some(2));
+    let config: Option<Vec<String>> = c
+        .query_one(
+            &format!("SELECT proconfig FROM pg_proc WHERE oid = '{schema}.leasefence_admit(text, bigint, text)'::regprocedure"),
+            &[],
+        )
+        .await
+        .expect("proconfig")
+        .get(0);
+    assert_eq!(config, None, "the per-call SET search_path is gone after the upgrade");
+
+    c.batch_execute(&format!(
+        "UPDATE {schema}.leasefence_schema_version SET version = 3 WHERE component = 'arbiter'"
+    ))
+    .await
+    .expect("simulate a newer version");
+    let err = postgres::install(&mut c).await.expect_err("no downgrade");
+    let code = match &err {
+        ArbiterError::Postgres(e) => e.code().map(|c| c.code().to_owned()),
+        _ => None,
+    };
+    assert_eq!(code.as_deref(), Some(postgres::SQLSTATE_SCHEMA_NEWER), "{err}");
+
+    // A caller whose search_path points elsewhere (here: a schema with no
+    // leasefence objects) still admits into the install schema's table.
+    let r = unique_resource("schema-qualified");
+    c.batch_execute("SET search_path = pg_catalog")
+        .await
+        .expect("search_path");
+    c.execute(&format!("SELECT {schema}.leasefence_admit($1, 7)"), &[&r.as_str()])
+        .await
+        .expect("admit with a foreign search_path");
+    let last: i64 = c
+        .query_one(
+            &format!("SELECT last_token FROM {schema}.leasefence_fences WHERE resource = $1"),
+            &[&r.as_str()],
+        )
+        .await
+        .expect("fence row in the install schema")
+        .get(0);
+    assert_eq!(last, 7);
+    c.batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+        .await
+        .expect("drop schema");
+}

@@ -1,9 +1,11 @@
--- leasefence arbiter schema for PostgreSQL, version 1.
+-- leasefence arbiter schema for PostgreSQL, version 2.
 --
 -- Idempotent: safe to run any number of times, concurrently too. Run it in one
 -- transaction (the Rust installer does; by hand: psql --single-transaction -f FILE).
 -- Objects are created in the first schema of the installer's search_path, and
--- leasefence_admit is pinned to that schema so callers' search_path does not matter.
+-- leasefence_admit names its table with that schema, so callers' search_path does
+-- not matter. (Version 1 pinned the function with `SET search_path`, which costs a
+-- configuration save and restore on every call; version 2 drops it.)
 --
 -- SQLSTATEs raised (class 'LF', leasefence):
 --   LF001  stale fencing token. The calling transaction is aborted, so nothing of
@@ -27,10 +29,13 @@ DECLARE
     v integer;
 BEGIN
     SELECT version INTO v FROM leasefence_schema_version WHERE component = 'arbiter';
-    IF v IS NOT NULL AND v > 1 THEN
+    IF v IS NOT NULL AND v > 2 THEN
         RAISE EXCEPTION USING
             ERRCODE = 'LF003',
-            MESSAGE = format('leasefence arbiter schema version %s is installed; this installer is version 1 and will not downgrade it', v);
+            MESSAGE = format('leasefence arbiter schema version %s is installed; this installer is version 2 and will not downgrade it', v);
+    END IF;
+    IF current_schema() IS NULL THEN
+        RAISE EXCEPTION 'leasefence: the installer''s search_path names no existing schema to install into';
     END IF;
 END
 $$;
@@ -48,11 +53,18 @@ CREATE TABLE IF NOT EXISTS leasefence_fences (
 -- rollback undoes both. Correct under READ COMMITTED (the upsert re-checks the
 -- newest committed row) and under REPEATABLE READ / SERIALIZABLE (a concurrent
 -- update surfaces as SQLSTATE 40001: retry the transaction).
-CREATE OR REPLACE FUNCTION leasefence_admit(p_resource text, p_token bigint, p_mode text DEFAULT 'strict')
+--
+-- The body is created with the install schema written into it (`@schema@` below
+-- is replaced by the quoted schema name), so it finds its table whatever the
+-- caller's search_path, at no per-call cost.
+DO $install$
+BEGIN
+    EXECUTE replace($function$
+CREATE OR REPLACE FUNCTION @schema@.leasefence_admit(p_resource text, p_token bigint, p_mode text DEFAULT 'strict')
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
-AS $$
+AS $body$
 DECLARE
     v_current bigint;
 BEGIN
@@ -74,14 +86,14 @@ BEGIN
     -- COMMITTED an UPDATE blocked by a racer re-checks its WHERE against the
     -- racer's committed row, so the rule holds.
     LOOP
-        UPDATE leasefence_fences AS f
+        UPDATE @schema@.leasefence_fences AS f
            SET last_token = p_token, mode = p_mode, updated_at = now()
          WHERE f.resource = p_resource
            AND (f.last_token < p_token OR (p_mode = 'monotonic' AND f.last_token = p_token));
         IF FOUND THEN
             RETURN;
         END IF;
-        INSERT INTO leasefence_fences (resource, last_token, mode, updated_at)
+        INSERT INTO @schema@.leasefence_fences (resource, last_token, mode, updated_at)
         VALUES (p_resource, p_token, p_mode, now())
         ON CONFLICT (resource) DO NOTHING;
         IF FOUND THEN
@@ -89,7 +101,7 @@ BEGIN
         END IF;
         -- The row exists. If a racer created it with a lower token after our
         -- UPDATE looked, try the UPDATE again; otherwise we are stale.
-        SELECT f.last_token INTO v_current FROM leasefence_fences f WHERE f.resource = p_resource;
+        SELECT f.last_token INTO v_current FROM @schema@.leasefence_fences f WHERE f.resource = p_resource;
         EXIT WHEN v_current IS NULL
               OR NOT (v_current < p_token OR (p_mode = 'monotonic' AND v_current = p_token));
     END LOOP;
@@ -100,14 +112,10 @@ BEGIN
         DETAIL = format('presented=%s current=%s resource=%s', p_token, v_current, p_resource),
         HINT = 'a newer lease holder has acted on this resource; re-read state instead of retrying';
 END
-$$;
-
--- Pin the function to the schema it was installed in.
-DO $$
-BEGIN
-    EXECUTE format('ALTER FUNCTION leasefence_admit(text, bigint, text) SET search_path = %I, pg_temp', current_schema());
+$body$
+$function$, '@schema@', quote_ident(current_schema()));
 END
-$$;
+$install$;
 
-INSERT INTO leasefence_schema_version (component, version) VALUES ('arbiter', 1)
+INSERT INTO leasefence_schema_version (component, version) VALUES ('arbiter', 2)
 ON CONFLICT (component) DO UPDATE SET version = excluded.version, installed_at = now();
