@@ -1,5 +1,6 @@
-//! Fenced vs plain throughput: PostgreSQL transactions at 1 and 8 clients,
-//! Redis `SET` at 1 and 50 clients.
+//! Fenced vs plain throughput: PostgreSQL transactions at 1 and 8 clients
+//! (a one-row upsert, the worst case for the fence's relative cost, and
+//! pgbench's TPC-B-like transaction), Redis `SET` at 1 and 50 clients.
 //!
 //! Plain is the business write alone; fenced is the same write plus the
 //! arbiter (`leasefence_admit` in the same transaction; `FCALL leasefence_set`
@@ -17,6 +18,8 @@ mod driver;
 mod pg;
 #[path = "fenced_vs_plain/rd.rs"]
 mod rd;
+#[path = "fenced_vs_plain/tpcb.rs"]
+mod tpcb;
 
 use std::time::Duration;
 
@@ -35,7 +38,10 @@ fn main() {
         .expect("tokio runtime");
     let mut summary = Summary::default();
     match std::env::var("LEASEFENCE_TEST_POSTGRES_URL") {
-        Ok(url) if !url.trim().is_empty() => pg::bench(&mut c, &rt, &url, &mut summary),
+        Ok(url) if !url.trim().is_empty() => {
+            pg::bench(&mut c, &rt, &url, &mut summary);
+            tpcb::bench(&mut c, &rt, &url, &mut summary);
+        }
         _ => println!("skipped postgres: LEASEFENCE_TEST_POSTGRES_URL not set"),
     }
     match std::env::var("LEASEFENCE_TEST_REDIS_URL") {

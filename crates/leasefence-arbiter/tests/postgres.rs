@@ -34,6 +34,23 @@ mod read_committed {
     pause_kit_test!(pause_kit, target(IsolationLevel::ReadCommitted), 25);
 }
 
+mod read_committed_prepared {
+    use super::*;
+
+    async fn target() -> Option<(Arc<PostgresTarget>, ())> {
+        let url = service_url(POSTGRES_URL)?;
+        postgres::install_url(&url).await.expect("install");
+        let target = PostgresTarget::connect(&url, IsolationLevel::ReadCommitted)
+            .await
+            .expect("target")
+            .with_prepared_admit();
+        Some((Arc::new(target), ()))
+    }
+
+    conformance_tests!(target());
+    pause_kit_test!(pause_kit, target(), 25);
+}
+
 mod serializable {
     use super::*;
     conformance_tests!(target(IsolationLevel::Serializable));
@@ -247,6 +264,19 @@ async fn with_fence_works_on_a_pooled_connection() {
 #[tokio::test]
 async fn pipelined_admit_commits_with_the_effect_and_a_stale_one_leaves_nothing() {
     let Some(mut c) = client().await else { return };
+    pipelined_case(&mut c, None).await;
+}
+
+#[tokio::test]
+async fn prepared_pipelined_admit_commits_with_the_effect_and_a_stale_one_leaves_nothing() {
+    let Some(mut c) = client().await else { return };
+    let prepared = postgres::PreparedAdmit::prepare(&c).await.expect("prepare");
+    pipelined_case(&mut c, Some(&prepared)).await;
+}
+
+/// Admits 5, 4, 5, 6 (strict), each pipelined with an insert of its own row:
+/// only the rows of 5 and 6 commit.
+async fn pipelined_case(c: &mut tokio_postgres::Client, prepared: Option<&postgres::PreparedAdmit>) {
     let r = unique_resource("pipelined");
     c.batch_execute("CREATE TEMP TABLE effects (v text NOT NULL)")
         .await
@@ -258,7 +288,12 @@ async fn pipelined_admit_commits_with_the_effect_and_a_stale_one_leaves_nothing(
                 .await
                 .map_err(ArbiterError::from)
         };
-        match postgres::admit_pipelined(&tx, &fence(&r, token), FenceMode::Strict, effect).await {
+        let f = fence(&r, token);
+        let result = match prepared {
+            Some(p) => p.admit_pipelined(&tx, &f, FenceMode::Strict, effect).await,
+            None => postgres::admit_pipelined(&tx, &f, FenceMode::Strict, effect).await,
+        };
+        match result {
             Ok(_) => tx.commit().await.expect("commit"),
             Err(ArbiterError::Stale(s)) => {
                 assert_eq!(s.presented.get(), token);
@@ -276,9 +311,43 @@ async fn pipelined_admit_commits_with_the_effect_and_a_stale_one_leaves_nothing(
         .collect();
     assert_eq!(rows, ["five", "six"], "stale and equal tokens left no effect");
     assert_eq!(
-        postgres::last_token(&c, &r).await.expect("last").map(|t| t.get()),
+        postgres::last_token(&*c, &r).await.expect("last").map(|t| t.get()),
         Some(6)
     );
+}
+
+#[tokio::test]
+async fn prepared_admit_checks_the_statement_shape_and_its_connection() {
+    let Some(mut c) = client().await else { return };
+    let own = c.prepare(postgres::ADMIT_SQL).await.expect("prepare");
+    let prepared = postgres::PreparedAdmit::from_statement(own).expect("the admit statement is accepted");
+    let lookalike = c
+        .prepare("SELECT $1::text, $2::bigint, $3::text")
+        .await
+        .expect("prepare");
+    let err = postgres::PreparedAdmit::from_statement(lookalike).expect_err("another statement is refused");
+    assert!(err.to_string().contains("leasefence_admit"), "{err}");
+
+    // On another connection the statement does not exist: an error, never a
+    // silent success.
+    let Some(mut other) = client().await else { return };
+    let tx = other.transaction().await.expect("begin");
+    let res = prepared
+        .admit(&tx, &fence(&unique_resource("foreign"), 1), FenceMode::Strict)
+        .await;
+    assert!(matches!(res, Err(ArbiterError::Postgres(_))), "{res:?}");
+    drop(tx);
+
+    // Tokens above i64::MAX are refused before anything is sent.
+    let tx = c.transaction().await.expect("begin");
+    let res = prepared
+        .admit(
+            &tx,
+            &fence(&unique_resource("limit"), i64::MAX as u64 + 1),
+            FenceMode::Strict,
+        )
+        .await;
+    assert!(matches!(res, Err(ArbiterError::Invalid(_))), "{res:?}");
 }
 
 /// Installs into a schema of its own (so it cannot disturb the other tests'

@@ -1,9 +1,10 @@
 //! PostgreSQL: a transaction that upserts one business row, with and without
-//! `leasefence_admit` (through `postgres::admit_pipelined`, the admit sent
-//! together with the upsert).
+//! `leasefence_admit` (through `postgres::PreparedAdmit::admit_pipelined`, the
+//! prepared admit sent together with the upsert).
 
 use criterion::Criterion;
-use leasefence_arbiter::{Fence, FenceMode, ResourceId, Token, postgres};
+use leasefence_arbiter::postgres::{self, PreparedAdmit};
+use leasefence_arbiter::{Fence, FenceMode, ResourceId, Token};
 use tokio::runtime::Runtime;
 use tokio_postgres::{Client, Statement};
 
@@ -12,6 +13,7 @@ use crate::driver::{Summary, Worker, compare};
 pub struct PgWorker {
     client: Client,
     upsert: Statement,
+    admit: PreparedAdmit,
     key: String,
     resource: ResourceId,
     token: u64,
@@ -29,7 +31,8 @@ impl Worker for PgWorker {
             let token = Token::new(self.token).expect("tokens start at 1");
             let fence = Fence::new(self.resource.clone(), token);
             let upsert = async { upsert.await.map_err(leasefence_arbiter::ArbiterError::from) };
-            postgres::admit_pipelined(&tx, &fence, FenceMode::Strict, upsert)
+            self.admit
+                .admit_pipelined(&tx, &fence, FenceMode::Strict, upsert)
                 .await
                 .expect("admit + upsert");
         } else {
@@ -47,9 +50,11 @@ async fn workers(url: &str, table: &str, prefix: &str, n: usize) -> Vec<PgWorker
             "INSERT INTO {table} (key, val) VALUES ($1, $2) ON CONFLICT (key) DO UPDATE SET val = excluded.val"
         );
         let upsert = client.prepare(&sql).await.expect("prepare");
+        let admit = PreparedAdmit::prepare(&client).await.expect("prepare admit");
         out.push(PgWorker {
             client,
             upsert,
+            admit,
             key: format!("{prefix}{n}/{i}"),
             resource: ResourceId::new(&format!("{prefix}{n}/{i}")).expect("valid resource"),
             token: 0,

@@ -1,5 +1,6 @@
 //! The PostgreSQL conformance target: `leasefence_admit` inside a transaction
-//! at a chosen isolation level, effect tables with a random suffix.
+//! at a chosen isolation level (sent unnamed, or through [`PreparedAdmit`]),
+//! effect tables with a random suffix.
 
 use deadpool_postgres::{Manager, Pool};
 use leasefence_core::{Fence, FenceMode, ResourceId, Token};
@@ -7,7 +8,7 @@ use tokio_postgres::IsolationLevel;
 
 use crate::ArbiterError;
 use crate::conformance::{ConformanceTarget, Outcome, PausePoint};
-use crate::postgres::{admit, last_token};
+use crate::postgres::{ADMIT_SQL, PreparedAdmit, admit, last_token};
 use crate::reject::{token_from_i64, token_to_i64};
 
 /// Connections in the target's pool. Half the racers run a transaction at
@@ -18,6 +19,7 @@ const POOL_SIZE: usize = crate::conformance::RACERS / 2;
 pub struct PostgresTarget {
     pool: Pool,
     isolation: IsolationLevel,
+    prepared: bool,
     namespace: String,
     kv: String,
     history: String,
@@ -37,6 +39,7 @@ impl PostgresTarget {
         let target = PostgresTarget {
             pool,
             isolation,
+            prepared: false,
             namespace: super::fresh_namespace(),
             kv: format!("leasefence_check_kv_{suffix}"),
             history: format!("leasefence_check_history_{suffix}"),
@@ -55,6 +58,13 @@ impl PostgresTarget {
         Ok(target)
     }
 
+    /// Admits through a [`PreparedAdmit`] made from the pool's statement cache
+    /// instead of the unnamed statement of [`admit`].
+    pub fn with_prepared_admit(mut self) -> PostgresTarget {
+        self.prepared = true;
+        self
+    }
+
     async fn write(
         &self,
         fence: &Fence,
@@ -65,6 +75,10 @@ impl PostgresTarget {
         pause: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>>,
     ) -> Result<(), ArbiterError> {
         let mut client = self.pool.get().await?;
+        let prepared = match self.prepared {
+            true => Some(PreparedAdmit::from_statement(client.prepare_cached(ADMIT_SQL).await?)?),
+            false => None,
+        };
         let tx = client
             .build_transaction()
             .isolation_level(self.isolation)
@@ -82,7 +96,10 @@ impl PostgresTarget {
         if let Some(pause) = pause {
             pause.await;
         }
-        admit(&tx, fence, mode).await?;
+        match &prepared {
+            Some(p) => p.admit(&tx, fence, mode).await?,
+            None => admit(&tx, fence, mode).await?,
+        }
         let token = token_to_i64("postgres", fence.token)?;
         let h = format!(
             "INSERT INTO {h} AS h (resource, tokens) VALUES ($1, ARRAY[$2::bigint])
