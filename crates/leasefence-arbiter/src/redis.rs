@@ -23,7 +23,7 @@ const BACKEND: &str = "redis";
 /// The library source loaded by [`install`].
 pub const LIBRARY: &str = include_str!("lua/leasefence.lua");
 /// The library version [`install`] loads and checks.
-pub const LIBRARY_VERSION: &str = "1";
+pub const LIBRARY_VERSION: &str = "2";
 /// Error code of a stale call.
 pub const ERROR_STALE: &str = "STALE";
 

@@ -211,6 +211,47 @@ async fn raw_fcall_reply_format_and_invalid_arguments() {
     forget(&mut c, &r, &[&key]).await;
 }
 
+/// Wrong key or argument counts, malformed fence keys and a corrupted fence
+/// value are refused by every fenced function, and none of them writes.
+#[tokio::test]
+async fn raw_fcall_usage_fence_key_and_corrupt_fence_errors() {
+    let Some(mut c) = conn().await else { return };
+    let r = unique_resource("raw usage");
+    let (fk, key) = (fence_key(&r), format!("test:{{{r}}}:usage"));
+    let calls: [&[&str]; 8] = [
+        &["leasefence_set", "3", &fk, &key, &key, "1", "strict", "v"],
+        &["leasefence_set", "2", &fk, &key, "1", "strict"],
+        &["leasefence_set", "2", "leasefence:fence:{}", &key, "1", "strict", "v"],
+        &["leasefence_set", "2", &key, &fk, "1", "strict", "v"],
+        &["leasefence_del", "2", &fk, &key, "1"],
+        &["leasefence_hset", "2", &fk, &key, "1", "strict", "field"],
+        &["leasefence_xadd", "2", &fk, &key, "1", "strict", "*", "field"],
+        &["leasefence_xadd", "3", &fk, &key, &key, "1", "strict", "*", "f", "v"],
+    ];
+    for args in calls {
+        let e = redis::cmd("FCALL")
+            .arg(args)
+            .query_async::<redis::Value>(&mut c)
+            .await
+            .expect_err("refused");
+        assert_eq!(e.code(), Some("LFINVALID"), "{args:?}: {e}");
+    }
+    let untouched: (Option<String>, Option<String>) =
+        (get(&mut c, &["GET", &fk]).await, get(&mut c, &["GET", &key]).await);
+    assert_eq!(untouched, (None, None), "a refused call writes nothing");
+
+    for corrupt in ["abc", "007", "18446744073709551616", ""] {
+        let () = get(&mut c, &["SET", &fk, corrupt]).await;
+        let e = lf::set(&mut c, &fence(&r, 5), FenceMode::Strict, &key, "v")
+            .await
+            .expect_err("corrupt fence");
+        assert!(e.to_string().contains("LFCORRUPT"), "{corrupt:?}: {e}");
+        assert_eq!(get::<String>(&mut c, &["GET", &fk]).await, corrupt);
+    }
+    assert_eq!(get::<Option<String>>(&mut c, &["GET", &key]).await, None);
+    forget(&mut c, &r, &[&key]).await;
+}
+
 #[tokio::test]
 async fn install_is_idempotent_and_reports_the_version() {
     let Some(mut c) = conn().await else { return };

@@ -1,6 +1,6 @@
 #!lua name=leasefence
 
--- leasefence fenced commands for Redis 7+ (Functions). Library version 1.
+-- leasefence fenced commands for Redis 7+ (Functions). Library version 2.
 --
 -- Every fenced function takes
 --   KEYS[1] = the fence key 'leasefence:fence:{RESOURCE}' (the braces make the
@@ -15,25 +15,25 @@
 -- Order inside a call: read and check the fence, apply the command, then record
 -- the token. If the command itself fails (WRONGTYPE, a bad stream ID) the call
 -- aborts before the fence is written, so the command and the fence happen
--- together or not at all. Functions run atomically.
+-- together or not at all. Functions run atomically. leasefence_set writes the
+-- value and the token with one MSET (SET cannot fail on a key's type).
+--
+-- Cost: every C function called from Lua (string.find, redis.call, ...) costs
+-- server time on every fenced call, so the checks use one string.find each and
+-- leasefence_set makes two redis.call (version 1 made three, with more string
+-- work: 2.3-2.5 µs of server time per fenced SET in INFO commandstats, version
+-- 2 about 1.95 µs, against 0.15 µs for a plain SET).
 
-local VERSION = '1'
+local VERSION = '2'
 local U64_MAX = '18446744073709551615'
-local PREFIX = 'leasefence:fence:{'
 
+-- A canonical u64 decimal: no sign, no leading zero, at most U64_MAX.
 local function valid_token(s)
-    if type(s) ~= 'string' or not string.match(s, '^[1-9][0-9]*$') then
+    local n = #s
+    if n > 20 or not string.find(s, '^[1-9]%d*$') then
         return false
     end
-    return #s < #U64_MAX or (#s == #U64_MAX and s <= U64_MAX)
-end
-
--- a < b for canonical decimal strings (no sign, no leading zeros).
-local function less(a, b)
-    if #a ~= #b then
-        return #a < #b
-    end
-    return a < b
+    return n < 20 or s <= U64_MAX
 end
 
 local function invalid(reason)
@@ -41,18 +41,17 @@ local function invalid(reason)
 end
 
 -- Returns an error reply when the call must not proceed, nil when admitted.
-local function check(keys, args, nkeys_min, nargs_ok, usage)
-    if #keys < nkeys_min or not nargs_ok(#args) then
-        return invalid('usage: ' .. usage)
-    end
+-- The caller has checked how many keys and arguments it got.
+local function check(keys, args)
     local fence_key, token, mode = keys[1], args[1], args[2]
-    if string.sub(fence_key, 1, #PREFIX) ~= PREFIX or string.sub(fence_key, -1) ~= '}' or #fence_key <= #PREFIX + 1 then
+    if not string.find(fence_key, '^leasefence:fence:{.+}$') then
         return invalid('KEYS[1] must be the fence key leasefence:fence:{RESOURCE}')
     end
     if not valid_token(token) then
         return invalid('token must be a decimal integer in 1..' .. U64_MAX)
     end
-    if mode ~= 'strict' and mode ~= 'monotonic' then
+    local strict = mode == 'strict'
+    if not strict and mode ~= 'monotonic' then
         return invalid("mode must be 'strict' or 'monotonic'")
     end
     local current = redis.call('GET', fence_key)
@@ -60,59 +59,68 @@ local function check(keys, args, nkeys_min, nargs_ok, usage)
         if not valid_token(current) then
             return redis.error_reply('LFCORRUPT fence key ' .. fence_key .. ' holds a non-token value')
         end
+        -- Canonical decimals order by length, then as strings.
+        local nc, nt = #current, #token
         local ok
-        if mode == 'strict' then
-            ok = less(current, token)
+        if nc ~= nt then
+            ok = nc < nt
+        elseif strict then
+            ok = current < token
         else
-            ok = not less(token, current)
+            ok = current <= token
         end
         if not ok then
-            local resource = string.sub(fence_key, #PREFIX + 1, -2)
+            -- The resource is the text between 'leasefence:fence:{' and '}'.
+            local resource = string.sub(fence_key, 19, -2)
             return redis.error_reply('STALE ' .. token .. ' ' .. current .. ' ' .. resource)
         end
     end
     return nil
 end
 
-local function record(keys, args)
-    redis.call('SET', keys[1], args[1])
-end
-
 -- FCALL leasefence_set 2 FENCE KEY TOKEN MODE VALUE  -> OK
 local function fenced_set(keys, args)
-    local err = check(keys, args, 2, function(n) return n == 3 end, 'FCALL leasefence_set 2 FENCE KEY TOKEN MODE VALUE')
+    if #keys ~= 2 or #args ~= 3 then
+        return invalid('usage: FCALL leasefence_set 2 FENCE KEY TOKEN MODE VALUE')
+    end
+    local err = check(keys, args)
     if err then return err end
-    local reply = redis.call('SET', keys[2], args[3])
-    record(keys, args)
-    return reply
+    return redis.call('MSET', keys[2], args[3], keys[1], args[1])
 end
 
 -- FCALL leasefence_del N+1 FENCE KEY... TOKEN MODE  -> number of keys removed
 local function fenced_del(keys, args)
-    local err = check(keys, args, 2, function(n) return n == 2 end, 'FCALL leasefence_del N+1 FENCE KEY [KEY...] TOKEN MODE')
+    if #keys < 2 or #args ~= 2 then
+        return invalid('usage: FCALL leasefence_del N+1 FENCE KEY [KEY...] TOKEN MODE')
+    end
+    local err = check(keys, args)
     if err then return err end
     local reply = redis.call('DEL', unpack(keys, 2))
-    record(keys, args)
+    redis.call('SET', keys[1], args[1])
     return reply
 end
 
 -- FCALL leasefence_hset 2 FENCE KEY TOKEN MODE FIELD VALUE [FIELD VALUE...]  -> fields added
 local function fenced_hset(keys, args)
-    local usage = 'FCALL leasefence_hset 2 FENCE KEY TOKEN MODE FIELD VALUE [FIELD VALUE...]'
-    local err = check(keys, args, 2, function(n) return n >= 4 and n % 2 == 0 end, usage)
+    if #keys ~= 2 or #args < 4 or #args % 2 ~= 0 then
+        return invalid('usage: FCALL leasefence_hset 2 FENCE KEY TOKEN MODE FIELD VALUE [FIELD VALUE...]')
+    end
+    local err = check(keys, args)
     if err then return err end
     local reply = redis.call('HSET', keys[2], unpack(args, 3))
-    record(keys, args)
+    redis.call('SET', keys[1], args[1])
     return reply
 end
 
 -- FCALL leasefence_xadd 2 FENCE STREAM TOKEN MODE ID FIELD VALUE [FIELD VALUE...]  -> entry id
 local function fenced_xadd(keys, args)
-    local usage = 'FCALL leasefence_xadd 2 FENCE STREAM TOKEN MODE ID FIELD VALUE [FIELD VALUE...]'
-    local err = check(keys, args, 2, function(n) return n >= 5 and n % 2 == 1 end, usage)
+    if #keys ~= 2 or #args < 5 or #args % 2 ~= 1 then
+        return invalid('usage: FCALL leasefence_xadd 2 FENCE STREAM TOKEN MODE ID FIELD VALUE [FIELD VALUE...]')
+    end
+    local err = check(keys, args)
     if err then return err end
     local reply = redis.call('XADD', keys[2], unpack(args, 3))
-    record(keys, args)
+    redis.call('SET', keys[1], args[1])
     return reply
 end
 
