@@ -25,7 +25,7 @@ pub enum ArbiterError {
     /// fence record, an unparseable rejection).
     #[error("{backend} answered outside the leasefence contract: {message}")]
     Protocol { backend: &'static str, message: String },
-    #[error("PostgreSQL: {0}")]
+    #[error("PostgreSQL: {}", describe_postgres(.0))]
     Postgres(tokio_postgres::Error),
     #[error("PostgreSQL pool: {0}")]
     Pool(#[from] deadpool_postgres::PoolError),
@@ -38,6 +38,14 @@ pub enum ArbiterError {
     /// A background task of the arbiter itself failed (panicked or was cancelled).
     #[error("arbiter task failed: {0}")]
     Task(String),
+}
+
+/// tokio-postgres shows a server error as just "db error"; say which one.
+fn describe_postgres(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+        None => e.to_string(),
+    }
 }
 
 impl ArbiterError {

@@ -125,52 +125,71 @@ where
     pipelined(admit(tx, fence, mode), effect).await
 }
 
-/// `leasefence_admit` prepared once on a connection: each admit then skips
-/// the server's parse and plan of [`admit`]'s unnamed statement (about 5% more
-/// TPC-B-like transactions per second at 8 clients; see the
-/// `fenced_vs_plain` bench). Valid only on the connection that prepared it;
-/// with a pool, prepare one per connection (deadpool's `prepare_cached` on
-/// [`ADMIT_SQL`] gives the statement for [`PreparedAdmit::from_statement`]).
+/// The common case of `leasefence_admit` as one plain statement: raise the
+/// token of an existing fence row. It must match the rule in
+/// `sql/postgres_schema.sql` (the conformance suite runs both paths).
+const FAST_ADMIT_SQL: &str = "UPDATE leasefence_fences SET last_token = $2, mode = $3, updated_at = now() \
+     WHERE resource = $1 AND (last_token < $2 OR ($3 = 'monotonic' AND last_token = $2))";
+
+/// Admission prepared once on a connection, for connections that admit
+/// often. Each admit is one prepared `UPDATE` of the fence row, the common
+/// case; only when that changes no row (the first admit of a resource, or a
+/// stale token) does it call `leasefence_admit`, which inserts the row or
+/// raises `LF001`. Compared with [`admit`] this skips the server's parse and
+/// plan of an unnamed statement and the PL/pgSQL call (see the
+/// `fenced_vs_plain` bench and the README's "What fencing costs").
+///
+/// Valid only on the connection that prepared it: on another one it fails
+/// with an error, never a silent pass. With a deadpool pool use
+/// [`PreparedAdmit::prepare_cached`] on each checked-out object.
 #[derive(Clone, Debug)]
-pub struct PreparedAdmit(Statement);
+pub struct PreparedAdmit {
+    update: Statement,
+    admit: Statement,
+}
 
 impl PreparedAdmit {
-    /// Prepares [`ADMIT_SQL`] on `client` (one round trip).
+    /// Prepares the two statements on `client`.
     pub async fn prepare(client: &impl GenericClient) -> Result<PreparedAdmit, ArbiterError> {
-        Ok(PreparedAdmit(client.prepare_typed(ADMIT_SQL, &ADMIT_TYPES).await?))
+        let (update, admit) = tokio::join!(
+            client.prepare_typed(FAST_ADMIT_SQL, &ADMIT_TYPES),
+            client.prepare_typed(ADMIT_SQL, &ADMIT_TYPES)
+        );
+        Ok(PreparedAdmit {
+            update: update?,
+            admit: admit?,
+        })
     }
 
-    /// Wraps a statement prepared elsewhere from [`ADMIT_SQL`]. Its text
-    /// cannot be read back, so this checks its shape: parameters
-    /// `(text, bigint, text)` and one `void` column named `leasefence_admit`.
-    pub fn from_statement(statement: Statement) -> Result<PreparedAdmit, ArbiterError> {
-        let columns = statement.columns();
-        let shape_ok = statement.params() == ADMIT_TYPES
-            && columns.len() == 1
-            && columns[0].name() == "leasefence_admit"
-            && *columns[0].type_() == Type::VOID;
-        if !shape_ok {
-            return Err(ArbiterError::Invalid(leasefence_core::Invalid::new(
-                "statement",
-                format!(
-                    "must be prepared from {ADMIT_SQL:?} (parameters text, bigint, text; one void column), \
-                     got parameters {:?} and columns {:?}",
-                    statement.params(),
-                    columns.iter().map(|c| (c.name(), c.type_())).collect::<Vec<_>>()
-                ),
-            )));
-        }
-        Ok(PreparedAdmit(statement))
+    /// The same from a deadpool object's statement cache: cheap to call
+    /// before every transaction.
+    pub async fn prepare_cached(client: &deadpool_postgres::ClientWrapper) -> Result<PreparedAdmit, ArbiterError> {
+        let (update, admit) = tokio::join!(
+            client.prepare_typed_cached(FAST_ADMIT_SQL, &ADMIT_TYPES),
+            client.prepare_typed_cached(ADMIT_SQL, &ADMIT_TYPES)
+        );
+        Ok(PreparedAdmit {
+            update: update?,
+            admit: admit?,
+        })
     }
 
-    /// [`admit`] with the prepared statement.
+    /// [`admit`] with the prepared statements.
     pub async fn admit(&self, tx: &Transaction<'_>, fence: &Fence, mode: FenceMode) -> Result<(), ArbiterError> {
         let token = token_to_i64(BACKEND, fence.token)?;
         let (resource, mode) = (fence.resource.as_str(), mode.as_str());
-        admitted(tx.execute(&self.0, &[&resource, &token, &mode]).await)
+        let params: [&(dyn ToSql + Sync); 3] = [&resource, &token, &mode];
+        let raised = tx
+            .execute(&self.update, &params)
+            .await
+            .map_err(|e| observe(BACKEND, ArbiterError::from(e)))?;
+        if raised == 1 {
+            return Ok(());
+        }
+        admitted(tx.execute(&self.admit, &params).await)
     }
 
-    /// [`admit_pipelined`] with the prepared statement.
+    /// [`admit_pipelined`] with the prepared statements.
     pub async fn admit_pipelined<T, E, Fut>(
         &self,
         tx: &Transaction<'_>,

@@ -19,41 +19,36 @@ async fn client() -> Option<tokio_postgres::Client> {
     Some(c)
 }
 
-async fn target(isolation: IsolationLevel) -> Option<(Arc<PostgresTarget>, ())> {
+/// `prepared`: admit through `PreparedAdmit` (its fast path and fallback)
+/// instead of the unnamed statement.
+async fn target(isolation: IsolationLevel, prepared: bool) -> Option<(Arc<PostgresTarget>, ())> {
     let url = service_url(POSTGRES_URL)?;
     postgres::install_url(&url).await.expect("install");
-    Some((
-        Arc::new(PostgresTarget::connect(&url, isolation).await.expect("target")),
-        (),
-    ))
+    let target = PostgresTarget::connect(&url, isolation).await.expect("target");
+    let target = if prepared { target.with_prepared_admit() } else { target };
+    Some((Arc::new(target), ()))
 }
 
 mod read_committed {
     use super::*;
-    conformance_tests!(target(IsolationLevel::ReadCommitted));
-    pause_kit_test!(pause_kit, target(IsolationLevel::ReadCommitted), 25);
+    conformance_tests!(target(IsolationLevel::ReadCommitted, false));
+    pause_kit_test!(pause_kit, target(IsolationLevel::ReadCommitted, false), 25);
 }
 
 mod read_committed_prepared {
     use super::*;
-
-    async fn target() -> Option<(Arc<PostgresTarget>, ())> {
-        let url = service_url(POSTGRES_URL)?;
-        postgres::install_url(&url).await.expect("install");
-        let target = PostgresTarget::connect(&url, IsolationLevel::ReadCommitted)
-            .await
-            .expect("target")
-            .with_prepared_admit();
-        Some((Arc::new(target), ()))
-    }
-
-    conformance_tests!(target());
-    pause_kit_test!(pause_kit, target(), 25);
+    conformance_tests!(target(IsolationLevel::ReadCommitted, true));
+    pause_kit_test!(pause_kit, target(IsolationLevel::ReadCommitted, true), 25);
 }
 
 mod serializable {
     use super::*;
-    conformance_tests!(target(IsolationLevel::Serializable));
+    conformance_tests!(target(IsolationLevel::Serializable, false));
+}
+
+mod serializable_prepared {
+    use super::*;
+    conformance_tests!(target(IsolationLevel::Serializable, true));
 }
 
 #[tokio::test]
@@ -317,35 +312,41 @@ async fn pipelined_case(c: &mut tokio_postgres::Client, prepared: Option<&postgr
 }
 
 #[tokio::test]
-async fn prepared_admit_checks_the_statement_shape_and_its_connection() {
-    let Some(mut c) = client().await else { return };
-    let own = c.prepare(postgres::ADMIT_SQL).await.expect("prepare");
-    let prepared = postgres::PreparedAdmit::from_statement(own).expect("the admit statement is accepted");
-    let lookalike = c
-        .prepare("SELECT $1::text, $2::bigint, $3::text")
-        .await
-        .expect("prepare");
-    let err = postgres::PreparedAdmit::from_statement(lookalike).expect_err("another statement is refused");
-    assert!(err.to_string().contains("leasefence_admit"), "{err}");
+async fn prepared_admit_fails_on_another_connection_and_refuses_big_tokens() {
+    let Some(c) = client().await else { return };
+    let prepared = postgres::PreparedAdmit::prepare(&c).await.expect("prepare");
+    let r = unique_resource("prepared elsewhere");
 
-    // On another connection the statement does not exist: an error, never a
-    // silent success.
+    // On another connection the statements do not exist: an error, never a
+    // silent success, on the fast path (row exists) and on the first admit.
     let Some(mut other) = client().await else { return };
-    let tx = other.transaction().await.expect("begin");
-    let res = prepared
-        .admit(&tx, &fence(&unique_resource("foreign"), 1), FenceMode::Strict)
-        .await;
-    assert!(matches!(res, Err(ArbiterError::Postgres(_))), "{res:?}");
-    drop(tx);
+    for exists in [false, true] {
+        if exists {
+            let tx = other.transaction().await.expect("begin");
+            postgres::admit(&tx, &fence(&r, 1), FenceMode::Strict)
+                .await
+                .expect("create the row");
+            tx.commit().await.expect("commit");
+        }
+        let tx = other.transaction().await.expect("begin");
+        let res = prepared.admit(&tx, &fence(&r, 2), FenceMode::Strict).await;
+        match res {
+            // 26000: invalid_sql_statement_name, named in our message.
+            Err(e @ ArbiterError::Postgres(_)) => assert!(e.to_string().contains("SQLSTATE 26000"), "{e}"),
+            other => panic!("row exists {exists}: expected a PostgreSQL error, got {other:?}"),
+        }
+    }
+    assert_eq!(
+        postgres::last_token(&c, &r).await.expect("last").map(|t| t.get()),
+        Some(1)
+    );
 
     // Tokens above i64::MAX are refused before anything is sent.
+    let Some(mut c) = client().await else { return };
+    let prepared = postgres::PreparedAdmit::prepare(&c).await.expect("prepare");
     let tx = c.transaction().await.expect("begin");
     let res = prepared
-        .admit(
-            &tx,
-            &fence(&unique_resource("limit"), i64::MAX as u64 + 1),
-            FenceMode::Strict,
-        )
+        .admit(&tx, &fence(&r, i64::MAX as u64 + 1), FenceMode::Strict)
         .await;
     assert!(matches!(res, Err(ArbiterError::Invalid(_))), "{res:?}");
 }
@@ -364,9 +365,14 @@ async fn install_upgrades_v1_refuses_newer_and_ignores_callers_search_path() {
         .expect("schema");
     postgres::install(&mut c).await.expect("fresh install");
 
-    // What version 1 left behind: the function pinned with SET search_path.
+    // What version 1 left behind: the function pinned with SET search_path,
+    // CHECK constraints on the fence table.
     c.batch_execute(&format!(
         "ALTER FUNCTION {schema}.leasefence_admit(text, bigint, text) SET search_path = {schema}, pg_temp;
+         ALTER TABLE {schema}.leasefence_fences
+             ADD CONSTRAINT leasefence_fences_resource_check CHECK (octet_length(resource) BETWEEN 1 AND 512),
+             ADD CONSTRAINT leasefence_fences_last_token_check CHECK (last_token >= 1),
+             ADD CONSTRAINT leasefence_fences_mode_check CHECK (mode IN ('strict', 'monotonic'));
          UPDATE {schema}.leasefence_schema_version SET version = 1 WHERE component = 'arbiter'"
     ))
     .await
@@ -382,6 +388,15 @@ async fn install_upgrades_v1_refuses_newer_and_ignores_callers_search_path() {
         .expect("proconfig")
         .get(0);
     assert_eq!(config, None, "the per-call SET search_path is gone after the upgrade");
+    let checks: i64 = c
+        .query_one(
+            &format!("SELECT count(*) FROM pg_constraint WHERE conrelid = '{schema}.leasefence_fences'::regclass AND contype = 'c'"),
+            &[],
+        )
+        .await
+        .expect("constraints")
+        .get(0);
+    assert_eq!(checks, 0, "the per-admit CHECK constraints are gone after the upgrade");
 
     c.batch_execute(&format!(
         "UPDATE {schema}.leasefence_schema_version SET version = 3 WHERE component = 'arbiter'"
