@@ -6,6 +6,9 @@
 //! **not** check its lease first, so only the arbiter stands between a stale
 //! token and the table.
 //!
+//! With `--no-fencing` (the control run) it commits the same rows in a plain
+//! transaction, without the arbiter, as a system without fencing would.
+//!
 //! Stdout protocol, one line each: `granted T`, `attempt T`, then
 //! `committed T` (exit 0) or `rejected presented=P current=C` (exit 3).
 //! Anything else is an error (exit 2, message on stderr).
@@ -47,6 +50,9 @@ pub struct ClientArgs {
     /// SIGSTOP this process right after printing the grant.
     #[arg(long)]
     pub pause: bool,
+    /// Commit without the arbiter (the control run).
+    #[arg(long)]
+    pub no_fencing: bool,
 }
 
 /// A table prefix safe to splice into SQL: `[a-z0-9_]`, 1..=40 bytes.
@@ -95,7 +101,7 @@ pub async fn run(a: ClientArgs) -> anyhow::Result<i32> {
     }
     let fence = lease.fence();
     say(&format!("attempt {}", lease.token))?;
-    match commit(&mut pg, &a.table, &a.writer, &fence).await {
+    match commit(&mut pg, &a.table, &a.writer, &fence, !a.no_fencing).await {
         Ok(()) => {
             say(&format!("committed {}", lease.token))?;
             // Best effort: a paused writer's lease is long gone.
@@ -110,30 +116,60 @@ pub async fn run(a: ClientArgs) -> anyhow::Result<i32> {
     }
 }
 
-/// The business row and the history row, in the arbiter's transaction.
-async fn commit(pg: &mut tokio_postgres::Client, table: &str, writer: &str, fence: &Fence) -> Result<(), ArbiterError> {
-    let upsert = format!(
-        "INSERT INTO {table}_rows (resource, value, token) VALUES ($1, $2, $3) \
-         ON CONFLICT (resource) DO UPDATE SET value = EXCLUDED.value, token = EXCLUDED.token"
-    );
-    let history = format!("INSERT INTO {table}_history (resource, token, writer) VALUES ($1, $2, $3)");
-    let resource = fence.resource.to_string();
-    let token =
-        i64::try_from(fence.token.get()).map_err(|_| leasefence_core::Invalid::new("token", "above i64::MAX"))?;
-    let writer = writer.to_string();
-    postgres::with_fence(
-        pg,
-        fence,
-        FenceMode::Strict,
-        move |tx: &Transaction<'_>| -> EffectFuture<'_, (), ArbiterError> {
-            Box::pin(async move {
-                tx.execute(upsert.as_str(), &[&resource, &writer, &token]).await?;
-                tx.execute(history.as_str(), &[&resource, &token, &writer]).await?;
-                Ok(())
-            })
-        },
-    )
-    .await
+/// The business row and the history row, in the arbiter's transaction, or
+/// in a plain one when `fenced` is false.
+async fn commit(
+    pg: &mut tokio_postgres::Client,
+    table: &str,
+    writer: &str,
+    fence: &Fence,
+    fenced: bool,
+) -> Result<(), ArbiterError> {
+    let rows = Rows {
+        upsert: format!(
+            "INSERT INTO {table}_rows (resource, value, token) VALUES ($1, $2, $3) \
+             ON CONFLICT (resource) DO UPDATE SET value = EXCLUDED.value, token = EXCLUDED.token"
+        ),
+        history: format!("INSERT INTO {table}_history (resource, token, writer) VALUES ($1, $2, $3)"),
+        resource: fence.resource.to_string(),
+        token: i64::try_from(fence.token.get())
+            .map_err(|_| leasefence_core::Invalid::new("token", "above i64::MAX"))?,
+        writer: writer.to_string(),
+    };
+    if fenced {
+        return postgres::with_fence(
+            pg,
+            fence,
+            FenceMode::Strict,
+            move |tx: &Transaction<'_>| -> EffectFuture<'_, (), ArbiterError> {
+                Box::pin(async move { rows.write(tx).await })
+            },
+        )
+        .await;
+    }
+    let tx = pg.transaction().await?;
+    rows.write(&tx).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// What one writer commits.
+struct Rows {
+    upsert: String,
+    history: String,
+    resource: String,
+    token: i64,
+    writer: String,
+}
+
+impl Rows {
+    async fn write(&self, tx: &Transaction<'_>) -> Result<(), ArbiterError> {
+        tx.execute(self.upsert.as_str(), &[&self.resource, &self.writer, &self.token])
+            .await?;
+        tx.execute(self.history.as_str(), &[&self.resource, &self.token, &self.writer])
+            .await?;
+        Ok(())
+    }
 }
 
 #[cfg(test)]

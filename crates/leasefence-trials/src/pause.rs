@@ -7,6 +7,10 @@
 //! arbiter; then A is SIGCONTed and commits with its old token, unchecked.
 //! The arbiter must reject it; the history table is the judge
 //! ([`crate::pause_check`]). `--parallel` trials run at once.
+//!
+//! `--no-fencing` is the control: the clients commit without the arbiter, so
+//! every resumed writer's old token should land after the newer one. It exits
+//! 0 only when the checker finds those stale effects.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,6 +41,9 @@ pub struct PauseArgs {
     /// The `leasefence` binary (default: next to this executable).
     #[arg(long)]
     pub bin: Option<PathBuf>,
+    /// The control: commit without the arbiter and expect stale effects.
+    #[arg(long)]
+    pub no_fencing: bool,
 }
 
 /// What the workers collect.
@@ -61,6 +68,7 @@ pub async fn run(a: PauseArgs) -> anyhow::Result<i32> {
         postgres: a.postgres.clone(),
         table: tables.prefix().to_string(),
         resource_prefix: format!("lf-trials/{run_id}/"),
+        fencing: !a.no_fencing,
         coordinator: Client::connect(&coordinator.url).await?,
     });
     // From here on the tables exist: they are dropped whatever happens.
@@ -76,6 +84,17 @@ pub async fn run(a: PauseArgs) -> anyhow::Result<i32> {
     collected.failures.print();
     println!("{figures}; {} trials failed to complete", collected.failures.count());
     println!("{verdict}");
+    if a.no_fencing {
+        let code = verdict.control_exit_code(collected.failures.count());
+        match code {
+            0 => println!(
+                "control (no fencing): the checker caught {} stale effects",
+                verdict.stale_effects
+            ),
+            _ => println!("control (no fencing): expected stale effects and found none or could not finish"),
+        }
+        return Ok(code);
+    }
     Ok(verdict.exit_code(collected.failures.count()))
 }
 

@@ -31,6 +31,8 @@ pub struct TrialCtx {
     pub postgres: String,
     pub table: String,
     pub resource_prefix: String,
+    /// False in the control run: clients commit without the arbiter.
+    pub fencing: bool,
     /// The parent's own connection, for `status` after each trial.
     pub coordinator: Client,
 }
@@ -49,6 +51,9 @@ impl TrialCtx {
             ]);
         if pause {
             cmd.arg("--pause");
+        }
+        if !self.fencing {
+            cmd.arg("--no-fencing");
         }
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())

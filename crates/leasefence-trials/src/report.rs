@@ -49,6 +49,21 @@ impl Verdict {
     }
 }
 
+impl Verdict {
+    /// The exit code of a control run (the arbiter switched off): 0 only when
+    /// stale effects got through, because a control that finds nothing shows
+    /// the trials do not exercise the fault; 2 when trials failed to complete.
+    pub fn control_exit_code(&self, incomplete: u64) -> i32 {
+        if incomplete > 0 {
+            EXIT_INCOMPLETE
+        } else if self.stale_effects > 0 {
+            EXIT_OK
+        } else {
+            EXIT_VIOLATION
+        }
+    }
+}
+
 impl fmt::Display for Verdict {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -114,5 +129,21 @@ mod tests {
         };
         assert_eq!(clean.exit_code(0), EXIT_OK);
         assert_eq!(clean.exit_code(1), EXIT_INCOMPLETE);
+    }
+
+    #[test]
+    fn a_control_passes_only_when_it_catches_stale_effects() {
+        let caught = Verdict {
+            trials: 3,
+            stale_effects: 3,
+            ..Verdict::default()
+        };
+        assert_eq!(caught.control_exit_code(0), EXIT_OK);
+        assert_eq!(caught.control_exit_code(1), EXIT_INCOMPLETE);
+        let missed = Verdict {
+            trials: 3,
+            ..Verdict::default()
+        };
+        assert_eq!(missed.control_exit_code(0), EXIT_VIOLATION);
     }
 }

@@ -57,19 +57,24 @@ fn last_line(stdout: &str) -> &str {
     stdout.lines().last().unwrap_or_default()
 }
 
-#[test]
-fn pause_trials_reject_every_resumed_writer() {
-    let url = match std::env::var("LEASEFENCE_TEST_POSTGRES_URL") {
-        Ok(url) if !url.is_empty() => url,
+/// The PostgreSQL URL, or `None` (skipped, said why) off CI.
+fn postgres_url() -> Option<String> {
+    match std::env::var("LEASEFENCE_TEST_POSTGRES_URL") {
+        Ok(url) if !url.is_empty() => Some(url),
         _ => {
             assert!(
                 std::env::var("CI").as_deref() != Ok("true"),
                 "CI=true needs LEASEFENCE_TEST_POSTGRES_URL for the pause trials"
             );
             eprintln!("skipped: LEASEFENCE_TEST_POSTGRES_URL not set");
-            return;
+            None
         }
-    };
+    }
+}
+
+#[test]
+fn pause_trials_reject_every_resumed_writer() {
+    let Some(url) = postgres_url() else { return };
     let (code, stdout) = trials(&["pause", "--postgres", &url, "--trials", "10", "--parallel", "4"]);
     assert_eq!(
         last_line(&stdout),
@@ -78,6 +83,27 @@ fn pause_trials_reject_every_resumed_writer() {
     assert!(
         stdout.contains("paused writer A: 10 rejected by the arbiter, 0 committed, 0 never attempted"),
         "{stdout}"
+    );
+    assert_eq!(code, 0);
+}
+
+/// The control: without the arbiter every resumed writer's old token lands
+/// after the newer one, and the checker must say so.
+#[test]
+fn pause_control_without_fencing_is_caught() {
+    let Some(url) = postgres_url() else { return };
+    let (code, stdout) = trials(&["pause", "--postgres", &url, "--trials", "4", "--no-fencing"]);
+    assert!(
+        stdout.contains("4 trials, 4 stale effects, 0 token reuse, 0 acknowledged grants lost"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("paused writer A: 0 rejected by the arbiter, 4 committed, 0 never attempted"),
+        "{stdout}"
+    );
+    assert_eq!(
+        last_line(&stdout),
+        "control (no fencing): the checker caught 4 stale effects"
     );
     assert_eq!(code, 0);
 }
