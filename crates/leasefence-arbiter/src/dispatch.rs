@@ -44,17 +44,31 @@ impl BackendUrl {
     }
 }
 
-/// Installs (or upgrades, idempotently) the arbiter schema or functions at `url`.
-pub async fn install(url: &str) -> Result<(), ArbiterError> {
+/// Installs (or upgrades, idempotently) the arbiter schema or functions at
+/// `url`; returns what is now installed there, for the operator, e.g.
+/// `PostgreSQL schema version 2`.
+pub async fn install(url: &str) -> Result<String, ArbiterError> {
     match BackendUrl::parse(url)? {
-        BackendUrl::Postgres(u) => crate::postgres::install_url(&u).await,
-        BackendUrl::Redis(u) => crate::redis::install_url(&u).await,
-        BackendUrl::Sqlite(path) => tokio::task::spawn_blocking(move || {
-            let mut conn = rusqlite::Connection::open(&path)?;
-            crate::sqlite::install(&mut conn)
-        })
-        .await
-        .map_err(|e| ArbiterError::Task(format!("SQLite install task failed: {e}")))?,
+        BackendUrl::Postgres(u) => {
+            crate::postgres::install_url(&u).await?;
+            Ok(format!("PostgreSQL schema version {}", crate::postgres::SCHEMA_VERSION))
+        }
+        BackendUrl::Redis(u) => {
+            crate::redis::install_url(&u).await?;
+            Ok(format!(
+                "Redis function library version {}",
+                crate::redis::LIBRARY_VERSION
+            ))
+        }
+        BackendUrl::Sqlite(path) => {
+            tokio::task::spawn_blocking(move || {
+                let mut conn = rusqlite::Connection::open(&path)?;
+                crate::sqlite::install(&mut conn)
+            })
+            .await
+            .map_err(|e| ArbiterError::Task(format!("SQLite install task failed: {e}")))??;
+            Ok(format!("SQLite schema version {}", crate::sqlite::SCHEMA_VERSION))
+        }
     }
 }
 

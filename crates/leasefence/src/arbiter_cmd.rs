@@ -73,8 +73,8 @@ fn failure(e: ArbiterError) -> Failure {
 pub async fn run(c: ArbiterCommand) -> CmdResult {
     match c {
         ArbiterCommand::Install { url } => {
-            leasefence_arbiter::install(&url).await.map_err(failure)?;
-            println!("installed the leasefence arbiter");
+            let installed = leasefence_arbiter::install(&url).await.map_err(failure)?;
+            println!("installed the leasefence arbiter: {installed}");
             Ok(())
         }
         ArbiterCommand::Check { url, trials } => check(&url, trials).await,

@@ -28,8 +28,12 @@ fn put(url: &str, fence: Option<(&str, &str)>, key: &str, value: &str) -> (i32, 
 
 /// The shared story: token 2 writes, token 1 is rejected, token 3 writes.
 fn story(url: &str, resource: &str) {
-    let (code, _, err) = cli(&["arbiter", "install", url]);
+    let (code, out, err) = cli(&["arbiter", "install", url]);
     assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with("installed the leasefence arbiter: ") && out.contains(" version "),
+        "install names what it installed: {out}"
+    );
     let (code, out, err) = put(url, Some((resource, "2")), resource, "by-2");
     assert_eq!(code, 0, "{err}");
     assert!(out.starts_with("accepted"), "{out}");
