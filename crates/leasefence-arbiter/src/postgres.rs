@@ -189,7 +189,10 @@ impl PreparedAdmit {
         admitted(tx.execute(&self.admit, &params).await)
     }
 
-    /// [`admit_pipelined`] with the prepared statements.
+    /// [`admit_pipelined`] with the prepared statements. When the fast
+    /// `UPDATE` changes no row, the fallback goes out after the effect's
+    /// statements; if one of those failed, its error is returned (nothing
+    /// commits either way).
     pub async fn admit_pipelined<T, E, Fut>(
         &self,
         tx: &Transaction<'_>,
@@ -217,8 +220,18 @@ where
 {
     // `biased`: the admit is polled (and so sent) first.
     let (admitted, out) = tokio::join!(biased; admit, effect);
-    admitted?;
-    out
+    match (admitted, out) {
+        (Ok(()), out) => out,
+        // The admit ran after the effect had already failed (the fallback of
+        // `PreparedAdmit` on a first admit): the effect's error is the news.
+        (Err(e), Err(effect_error)) if in_failed_transaction(&e) => Err(effect_error),
+        (Err(e), _) => Err(e.into()),
+    }
+}
+
+/// SQLSTATE 25P02: a statement sent after an earlier one failed.
+fn in_failed_transaction(e: &ArbiterError) -> bool {
+    matches!(e, ArbiterError::Postgres(pg) if pg.code().is_some_and(|c| c.code() == "25P02"))
 }
 
 /// The recorded `last_token` of `resource`, `None` if it was never admitted.

@@ -311,6 +311,32 @@ async fn pipelined_case(c: &mut tokio_postgres::Client, prepared: Option<&postgr
     );
 }
 
+/// A first admit through `PreparedAdmit` runs its fallback after the
+/// pipelined effect; when that effect fails, its own error is returned (not
+/// the fallback's "transaction aborted"), and nothing commits.
+#[tokio::test]
+async fn prepared_pipelined_reports_the_effects_own_error() {
+    let Some(mut c) = client().await else { return };
+    let prepared = postgres::PreparedAdmit::prepare(&c).await.expect("prepare");
+    c.batch_execute("CREATE TEMP TABLE uniq (v text PRIMARY KEY); INSERT INTO uniq VALUES ('taken')")
+        .await
+        .expect("temp table");
+    // Prepared, so the failing insert reaches the server before the fallback.
+    let insert = c.prepare("INSERT INTO uniq VALUES ('taken')").await.expect("prepare");
+    let r = unique_resource("effect-error");
+    let tx = c.transaction().await.expect("begin");
+    let effect = async { tx.execute(&insert, &[]).await.map_err(ArbiterError::from) };
+    let res = prepared
+        .admit_pipelined(&tx, &fence(&r, 1), FenceMode::Strict, effect)
+        .await;
+    match res {
+        Err(ArbiterError::Postgres(e)) => assert_eq!(e.code().map(|c| c.code()), Some("23505"), "{e}"),
+        other => panic!("expected the effect's unique violation, got {other:?}"),
+    }
+    drop(tx);
+    assert_eq!(postgres::last_token(&c, &r).await.expect("last"), None);
+}
+
 #[tokio::test]
 async fn prepared_admit_fails_on_another_connection_and_refuses_big_tokens() {
     let Some(c) = client().await else { return };
