@@ -1,5 +1,6 @@
 //! The Redis arbiter: a Redis Functions library (`leasefence`, Redis 7+) with
-//! fenced `SET`, `DEL`, `HSET` and `XADD`, and Rust helpers for each.
+//! fenced `SET` (optionally with an expiry), `DEL`, `HSET` and `XADD`, and
+//! Rust helpers for each.
 //!
 //! A fenced call checks the fence key `leasefence:fence:{RESOURCE}`, applies
 //! the command and records the token in one atomic function call. A stale call
@@ -83,6 +84,32 @@ where
 {
     let mut cmd = fcall("leasefence_set", fence, mode, &[key]);
     cmd.arg(value);
+    let _: redis::Value = call(conn, &cmd, fence).await?;
+    Ok(())
+}
+
+/// Fenced `SET key value PX ttl`: the value expires after `ttl` (at least
+/// 1 ms, whole milliseconds); the fence itself never expires.
+pub async fn set_with_ttl<C, V>(
+    conn: &mut C,
+    fence: &Fence,
+    mode: FenceMode,
+    key: &str,
+    value: V,
+    ttl: std::time::Duration,
+) -> Result<(), ArbiterError>
+where
+    C: ConnectionLike + Send,
+    V: ToRedisArgs,
+{
+    let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+    if ms == 0 || ms > i64::MAX as u64 {
+        return Err(
+            leasefence_core::Invalid::new("ttl", format!("must be 1 ms..={} ms, got {ttl:?}", i64::MAX)).into(),
+        );
+    }
+    let mut cmd = fcall("leasefence_set", fence, mode, &[key]);
+    cmd.arg(value).arg("PX").arg(ms);
     let _: redis::Value = call(conn, &cmd, fence).await?;
     Ok(())
 }

@@ -94,6 +94,83 @@ async fn fenced_set_and_del() {
     forget(&mut c, &r, &[&key]).await;
 }
 
+/// A fenced SET may carry an expiry; a stale one changes neither the value
+/// nor its TTL, and options that would make SET conditional are refused.
+#[tokio::test]
+async fn fenced_set_with_expiry() {
+    let Some(mut c) = conn().await else { return };
+    let r = unique_resource("set-ttl");
+    let key = format!("test:{{{r}}}:cached");
+    let ttl = std::time::Duration::from_secs(60);
+    lf::set_with_ttl(&mut c, &fence(&r, 1), FenceMode::Strict, &key, "one", ttl)
+        .await
+        .expect("set 1 with a TTL");
+    let pttl: i64 = get(&mut c, &["PTTL", &key]).await;
+    assert!((59_000..=60_000).contains(&pttl), "PTTL {pttl}");
+    expect_stale(
+        lf::set_with_ttl(&mut c, &fence(&r, 1), FenceMode::Strict, &key, "stale", ttl / 60).await,
+        &r,
+        1,
+        1,
+    );
+    assert_eq!(get::<String>(&mut c, &["GET", &key]).await, "one");
+    assert!(
+        get::<i64>(&mut c, &["PTTL", &key]).await > 50_000,
+        "a stale SET keeps the TTL"
+    );
+
+    let fk = fence_key(&r);
+    let ok: String = get(
+        &mut c,
+        &[
+            "FCALL",
+            "leasefence_set",
+            "2",
+            &fk,
+            &key,
+            "2",
+            "strict",
+            "two",
+            "keepttl",
+        ],
+    )
+    .await;
+    assert_eq!(ok, "OK");
+    assert!(get::<i64>(&mut c, &["PTTL", &key]).await > 50_000, "KEEPTTL keeps it");
+    for opts in [&["NX"][..], &["GET"], &["EX"], &["KEEPTTL", "5"], &["EX", "5", "NX"]] {
+        let mut args = vec!["leasefence_set", "2", &fk, &key, "3", "strict", "three"];
+        args.extend_from_slice(opts);
+        let e = redis::cmd("FCALL")
+            .arg(&args)
+            .query_async::<redis::Value>(&mut c)
+            .await
+            .expect_err("refused option");
+        assert_eq!(e.code(), Some("LFINVALID"), "{opts:?}: {e}");
+    }
+    // SET's own refusal of a bad expiry aborts the call before the fence.
+    let bad = redis::cmd("FCALL")
+        .arg(&["leasefence_set", "2", &fk, &key, "3", "strict", "three", "PX", "0"])
+        .query_async::<redis::Value>(&mut c)
+        .await;
+    assert!(bad.is_err(), "{bad:?}");
+    assert_eq!(get::<String>(&mut c, &["GET", &key]).await, "two");
+    assert_eq!(
+        lf::last_token(&mut c, &r).await.expect("last").map(|t| t.get()),
+        Some(2)
+    );
+    let zero = lf::set_with_ttl(
+        &mut c,
+        &fence(&r, 3),
+        FenceMode::Strict,
+        &key,
+        "x",
+        std::time::Duration::ZERO,
+    )
+    .await;
+    assert!(matches!(zero, Err(ArbiterError::Invalid(_))), "{zero:?}");
+    forget(&mut c, &r, &[&key]).await;
+}
+
 #[tokio::test]
 async fn fenced_hset_and_xadd() {
     let Some(mut c) = conn().await else { return };

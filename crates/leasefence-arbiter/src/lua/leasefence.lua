@@ -78,14 +78,33 @@ local function check(keys, args)
     return nil
 end
 
--- FCALL leasefence_set 2 FENCE KEY TOKEN MODE VALUE  -> OK
+-- The expiry options a fenced SET accepts, and whether each takes a number.
+-- NX, XX and GET are left out: they make SET conditional or change its reply,
+-- and the fence would be recorded for a write that did not happen.
+local SET_EXPIRY = { EX = true, PX = true, EXAT = true, PXAT = true, KEEPTTL = false }
+local SET_USAGE = 'usage: FCALL leasefence_set 2 FENCE KEY TOKEN MODE VALUE [EX s | PX ms | EXAT t | PXAT t | KEEPTTL]'
+
+-- FCALL leasefence_set 2 FENCE KEY TOKEN MODE VALUE [expiry]  -> OK
 local function fenced_set(keys, args)
-    if #keys ~= 2 or #args ~= 3 then
-        return invalid('usage: FCALL leasefence_set 2 FENCE KEY TOKEN MODE VALUE')
+    local n = #args
+    if #keys ~= 2 or n < 3 or n > 5 then
+        return invalid(SET_USAGE)
     end
     local err = check(keys, args)
     if err then return err end
-    return redis.call('MSET', keys[2], args[3], keys[1], args[1])
+    if n == 3 then
+        return redis.call('MSET', keys[2], args[3], keys[1], args[1])
+    end
+    local option = string.upper(args[4])
+    local takes_number = SET_EXPIRY[option]
+    if takes_number == nil or (takes_number and n ~= 5) or (not takes_number and n ~= 4) then
+        return invalid(SET_USAGE)
+    end
+    -- SET refuses a bad expiry itself (the call then aborts before the fence
+    -- is written).
+    local reply = redis.call('SET', keys[2], args[3], unpack(args, 4))
+    redis.call('SET', keys[1], args[1])
+    return reply
 end
 
 -- FCALL leasefence_del N+1 FENCE KEY... TOKEN MODE  -> number of keys removed
