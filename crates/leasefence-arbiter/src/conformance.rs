@@ -137,17 +137,40 @@ fn fence(r: &ResourceId, v: u64) -> Fence {
     Fence::new(r.clone(), tok(v))
 }
 
+/// Retries of a unit that failed with a retryable error before the error is
+/// reported.
+const RETRIES: u32 = 20;
+
+/// One unit on key `k`, retried as a user would on [`ArbiterError::is_retryable`]
+/// (PostgreSQL may abort a SERIALIZABLE transaction that merely ran beside an
+/// unrelated one; SQLite may be busy). The retry is checked against the fence
+/// like any other attempt. The racers call the target directly: they count
+/// such failures themselves.
+async fn unit<T: ConformanceTarget>(
+    t: &T,
+    fence: &Fence,
+    mode: FenceMode,
+    value: &str,
+    outcome: Outcome,
+) -> Result<(), ArbiterError> {
+    let mut attempts = 0;
+    loop {
+        match t.admit_and_write(fence, mode, "k", value, outcome).await {
+            Err(e) if e.is_retryable() && attempts < RETRIES => attempts += 1,
+            other => return other,
+        }
+    }
+}
+
 async fn commit<T: ConformanceTarget>(t: &T, r: &ResourceId, v: u64, mode: FenceMode, value: &str) {
-    let res = t.admit_and_write(&fence(r, v), mode, "k", value, Outcome::Commit).await;
+    let res = unit(t, &fence(r, v), mode, value, Outcome::Commit).await;
     if let Err(e) = res {
         panic!("{}: {r}@{v} ({mode:?}) must be admitted, got {e}", t.backend());
     }
 }
 
 async fn expect_stale<T: ConformanceTarget>(t: &T, r: &ResourceId, v: u64, mode: FenceMode, current: u64) {
-    let res = t
-        .admit_and_write(&fence(r, v), mode, "k", "stale-write", Outcome::Commit)
-        .await;
+    let res = unit(t, &fence(r, v), mode, "stale-write", Outcome::Commit).await;
     match res {
         Err(ArbiterError::Stale(s)) => {
             assert_eq!(&s.resource, r, "{}: Stale.resource", t.backend());
@@ -238,15 +261,11 @@ pub async fn modes_are_per_call<T: ConformanceTarget>(t: &T) {
 pub async fn abort_leaves_neither_effect_nor_fence<T: ConformanceTarget>(t: &T) {
     let b = t.backend();
     let r = resource(t, "abort");
-    let aborted = t
-        .admit_and_write(&fence(&r, 1), FenceMode::Strict, "k", "x", Outcome::Abort)
-        .await;
+    let aborted = unit(t, &fence(&r, 1), FenceMode::Strict, "x", Outcome::Abort).await;
     assert!(aborted.is_ok(), "{b}: abort on a fresh resource: {aborted:?}");
     expect_state(t, &r, None, None, &[]).await;
     commit(t, &r, 3, FenceMode::Strict, "v3").await;
-    let aborted = t
-        .admit_and_write(&fence(&r, 4), FenceMode::Strict, "k", "v4", Outcome::Abort)
-        .await;
+    let aborted = unit(t, &fence(&r, 4), FenceMode::Strict, "v4", Outcome::Abort).await;
     assert!(aborted.is_ok(), "{b}: abort of 4 over 3: {aborted:?}");
     expect_state(t, &r, Some("v3"), Some(3), &[3]).await;
     commit(t, &r, 4, FenceMode::Strict, "v4").await;
@@ -258,8 +277,7 @@ pub async fn abort_leaves_neither_effect_nor_fence<T: ConformanceTarget>(t: &T) 
 pub async fn stale_error_names_resource_presented_current<T: ConformanceTarget>(t: &T) {
     let r = resource(t, "error fields with spaces");
     commit(t, &r, 900, FenceMode::Strict, "v").await;
-    let err = t
-        .admit_and_write(&fence(&r, 899), FenceMode::Strict, "k", "late", Outcome::Commit)
+    let err = unit(t, &fence(&r, 899), FenceMode::Strict, "late", Outcome::Commit)
         .await
         .err()
         .unwrap_or_else(|| panic!("{}: 899 over 900 must be rejected", t.backend()));
@@ -294,18 +312,14 @@ pub async fn limits<T: ConformanceTarget>(t: &T) {
     commit(t, &r, max, FenceMode::Monotonic, "max again").await;
     if max < u64::MAX {
         for over in [max + 1, u64::MAX] {
-            let res = t
-                .admit_and_write(&fence(&r, over), FenceMode::Strict, "k", "over", Outcome::Commit)
-                .await;
+            let res = unit(t, &fence(&r, over), FenceMode::Strict, "over", Outcome::Commit).await;
             match res {
                 Err(ArbiterError::Invalid(i)) => assert_eq!(i.field(), "token", "{b}: {i}"),
                 other => panic!("{b}: token {over} above the limit {max} must be Invalid, got {other:?}"),
             }
         }
         let fresh = resource(t, "limits-fresh");
-        let res = t
-            .admit_and_write(&fence(&fresh, u64::MAX), FenceMode::Strict, "k", "x", Outcome::Commit)
-            .await;
+        let res = unit(t, &fence(&fresh, u64::MAX), FenceMode::Strict, "x", Outcome::Commit).await;
         assert!(matches!(res, Err(ArbiterError::Invalid(_))), "{b}: {res:?}");
         expect_state(t, &fresh, None, None, &[]).await;
     }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use common::{POSTGRES_URL, fence, service_url, unique_resource};
 use leasefence_arbiter::postgres::{self, SQLSTATE_INVALID, SQLSTATE_STALE, with_fence};
 use leasefence_arbiter::targets::PostgresTarget;
-use leasefence_arbiter::{ArbiterError, FenceMode};
+use leasefence_arbiter::{ArbiterError, FenceMode, ResourceId};
 use tokio_postgres::IsolationLevel;
 
 async fn client() -> Option<tokio_postgres::Client> {
@@ -17,6 +17,18 @@ async fn client() -> Option<tokio_postgres::Client> {
     let mut c = postgres::connect(&url).await.expect("connect");
     postgres::install(&mut c).await.expect("install");
     Some(c)
+}
+
+/// The recorded `last_token` of `r`, as a number.
+async fn last(c: &impl tokio_postgres::GenericClient, r: &ResourceId) -> Option<u64> {
+    postgres::last_token(c, r).await.expect("last").map(|t| t.get())
+}
+
+/// A session-local table of effects, `effects (v text)`.
+async fn effects_table(c: &tokio_postgres::Client) {
+    c.batch_execute("CREATE TEMP TABLE effects (v text NOT NULL)")
+        .await
+        .expect("temp table");
 }
 
 /// `prepared`: admit through `PreparedAdmit` (its fast path and fallback)
@@ -74,9 +86,7 @@ async fn concurrent_installs_are_idempotent() {
 async fn raw_sql_stale_raises_lf001_and_aborts_the_whole_transaction() {
     let Some(mut c) = client().await else { return };
     let r = unique_resource("raw-sql");
-    c.batch_execute("CREATE TEMP TABLE effects (v text NOT NULL)")
-        .await
-        .expect("temp table");
+    effects_table(&c).await;
     let tx = c.transaction().await.expect("begin");
     tx.execute("INSERT INTO effects VALUES ('five')", &[])
         .await
@@ -114,10 +124,7 @@ async fn raw_sql_stale_raises_lf001_and_aborts_the_whole_transaction() {
         .map(|r| r.get(0))
         .collect();
     assert_eq!(rows, ["five"], "the rejected transaction's effect must be gone");
-    assert_eq!(
-        postgres::last_token(&c, &r).await.expect("last").map(|t| t.get()),
-        Some(5)
-    );
+    assert_eq!(last(&c, &r).await, Some(5));
 }
 
 #[tokio::test]
@@ -136,16 +143,14 @@ async fn raw_sql_invalid_arguments_raise_lf002() {
         );
         assert!(matches!(ArbiterError::from(err), ArbiterError::Invalid(_)));
     }
-    assert_eq!(postgres::last_token(&c, &r).await.expect("last"), None);
+    assert_eq!(last(&c, &r).await, None);
 }
 
 #[tokio::test]
 async fn with_fence_commits_effect_and_token_together() {
     let Some(mut c) = client().await else { return };
     let r = unique_resource("with-fence");
-    c.batch_execute("CREATE TEMP TABLE effects (v text NOT NULL)")
-        .await
-        .expect("temp table");
+    effects_table(&c).await;
     let out = with_fence(&mut c, &fence(&r, 3), FenceMode::Strict, |tx| {
         Box::pin(async move {
             tx.execute("INSERT INTO effects VALUES ('three')", &[]).await?;
@@ -155,10 +160,7 @@ async fn with_fence_commits_effect_and_token_together() {
     .await
     .expect("admitted");
     assert_eq!(out, 33);
-    assert_eq!(
-        postgres::last_token(&c, &r).await.expect("last").map(|t| t.get()),
-        Some(3)
-    );
+    assert_eq!(last(&c, &r).await, Some(3));
 
     let ran = Arc::new(AtomicBool::new(false));
     let ran2 = Arc::clone(&ran);
@@ -184,11 +186,7 @@ async fn with_fence_commits_effect_and_token_together() {
     })
     .await;
     assert!(matches!(failed, Err(ArbiterError::Task(_))), "{failed:?}");
-    assert_eq!(
-        postgres::last_token(&c, &r).await.expect("last").map(|t| t.get()),
-        Some(3),
-        "token rolled back"
-    );
+    assert_eq!(last(&c, &r).await, Some(3), "token rolled back");
     let rows: Vec<String> = c
         .query("SELECT v FROM effects", &[])
         .await
@@ -273,9 +271,7 @@ async fn prepared_pipelined_admit_commits_with_the_effect_and_a_stale_one_leaves
 /// only the rows of 5 and 6 commit.
 async fn pipelined_case(c: &mut tokio_postgres::Client, prepared: Option<&postgres::PreparedAdmit>) {
     let r = unique_resource("pipelined");
-    c.batch_execute("CREATE TEMP TABLE effects (v text NOT NULL)")
-        .await
-        .expect("temp table");
+    effects_table(c).await;
     for (token, value) in [(5u64, "five"), (4, "four"), (5, "five again"), (6, "six")] {
         let tx = c.transaction().await.expect("begin");
         let effect = async {
@@ -305,10 +301,7 @@ async fn pipelined_case(c: &mut tokio_postgres::Client, prepared: Option<&postgr
         .map(|r| r.get(0))
         .collect();
     assert_eq!(rows, ["five", "six"], "stale and equal tokens left no effect");
-    assert_eq!(
-        postgres::last_token(&*c, &r).await.expect("last").map(|t| t.get()),
-        Some(6)
-    );
+    assert_eq!(last(&*c, &r).await, Some(6));
 }
 
 /// A first admit through `PreparedAdmit` runs its fallback after the
@@ -334,7 +327,7 @@ async fn prepared_pipelined_reports_the_effects_own_error() {
         other => panic!("expected the effect's unique violation, got {other:?}"),
     }
     drop(tx);
-    assert_eq!(postgres::last_token(&c, &r).await.expect("last"), None);
+    assert_eq!(last(&c, &r).await, None);
 }
 
 #[tokio::test]
@@ -362,10 +355,7 @@ async fn prepared_admit_fails_on_another_connection_and_refuses_big_tokens() {
             other => panic!("row exists {exists}: expected a PostgreSQL error, got {other:?}"),
         }
     }
-    assert_eq!(
-        postgres::last_token(&c, &r).await.expect("last").map(|t| t.get()),
-        Some(1)
-    );
+    assert_eq!(last(&c, &r).await, Some(1));
 
     // Tokens above i64::MAX are refused before anything is sent.
     let Some(mut c) = client().await else { return };

@@ -38,6 +38,11 @@ async fn get<T: redis::FromRedisValue>(c: &mut MultiplexedConnection, args: &[&s
         .expect("command")
 }
 
+/// The recorded `last_token` of `r`, as a number.
+async fn last(c: &mut MultiplexedConnection, r: &ResourceId) -> Option<u64> {
+    lf::last_token(c, r).await.expect("last").map(|t| t.get())
+}
+
 async fn forget(c: &mut MultiplexedConnection, r: &ResourceId, keys: &[&str]) {
     let mut all = vec![fence_key(r)];
     all.extend(keys.iter().map(|k| k.to_string()));
@@ -87,10 +92,7 @@ async fn fenced_set_and_del() {
         1
     );
     assert_eq!(get::<Option<String>>(&mut c, &["GET", &key]).await, None);
-    assert_eq!(
-        lf::last_token(&mut c, &r).await.expect("last").map(|t| t.get()),
-        Some(2)
-    );
+    assert_eq!(last(&mut c, &r).await, Some(2));
     forget(&mut c, &r, &[&key]).await;
 }
 
@@ -154,10 +156,7 @@ async fn fenced_set_with_expiry() {
         .await;
     assert!(bad.is_err(), "{bad:?}");
     assert_eq!(get::<String>(&mut c, &["GET", &key]).await, "two");
-    assert_eq!(
-        lf::last_token(&mut c, &r).await.expect("last").map(|t| t.get()),
-        Some(2)
-    );
+    assert_eq!(last(&mut c, &r).await, Some(2));
     let zero = lf::set_with_ttl(
         &mut c,
         &fence(&r, 3),
@@ -219,10 +218,7 @@ async fn failing_command_leaves_the_fence_unchanged() {
         matches!(res, Err(ArbiterError::Redis(_))),
         "HSET on a string must fail: {res:?}"
     );
-    assert_eq!(
-        lf::last_token(&mut c, &r).await.expect("last").map(|t| t.get()),
-        Some(1)
-    );
+    assert_eq!(last(&mut c, &r).await, Some(1));
     forget(&mut c, &r, &[&key]).await;
 }
 

@@ -15,9 +15,6 @@ use crate::reject::{token_from_i64, token_to_i64};
 /// once while the rest queue: real contention, while two racing tests (and
 /// other test binaries) stay well inside PostgreSQL's default 100 connections.
 const POOL_SIZE: usize = crate::conformance::RACERS / 2;
-/// Retries of a transaction that failed with a serialization failure or a
-/// deadlock before the error is reported.
-const RETRIES: u32 = 20;
 
 pub struct PostgresTarget {
     pool: Pool,
@@ -135,11 +132,6 @@ impl ConformanceTarget for PostgresTarget {
         PausePoint::InsideTransaction
     }
 
-    /// Under REPEATABLE READ and SERIALIZABLE PostgreSQL may abort a
-    /// transaction that merely ran beside another one (SQLSTATE 40001, often a
-    /// false positive of its page-level predicate locks). Retrying it is what
-    /// the README tells users to do; the retry is checked against the fence
-    /// like any other attempt.
     async fn admit_and_write(
         &self,
         fence: &Fence,
@@ -148,13 +140,7 @@ impl ConformanceTarget for PostgresTarget {
         value: &str,
         outcome: Outcome,
     ) -> Result<(), ArbiterError> {
-        let mut attempts = 0;
-        loop {
-            match self.write(fence, mode, key, value, outcome, None).await {
-                Err(e) if e.is_retryable() && attempts < RETRIES => attempts += 1,
-                other => return other,
-            }
-        }
+        self.write(fence, mode, key, value, outcome, None).await
     }
 
     async fn admit_and_write_paused<P>(
