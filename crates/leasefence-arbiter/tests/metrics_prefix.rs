@@ -1,8 +1,10 @@
 //! With a prefix depth configured, rejections carry the resource prefix label.
 //! (Its own test binary: the setting is process-wide.)
 
+mod common;
+
 use leasefence_arbiter::embedded::EmbeddedArbiter;
-use leasefence_arbiter::{Fence, FenceMode, REJECTIONS_METRIC, ResourceId, Token, set_rejection_prefix_segments};
+use leasefence_arbiter::{Fence, FenceMode, ResourceId, Token, set_rejection_prefix_segments};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
 #[test]
@@ -18,21 +20,7 @@ fn rejections_are_labelled_with_the_configured_resource_prefix() {
         a.put(&fence(2), FenceMode::Strict, "k", b"v").expect("put");
         assert!(a.put(&fence(1), FenceMode::Strict, "k", b"v").is_err());
     });
-    let counters: Vec<_> = snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(k, ..)| k.key().name() == REJECTIONS_METRIC)
-        .map(|(k, _, _, v)| {
-            (
-                k.key()
-                    .labels()
-                    .map(|l| (l.key().to_string(), l.value().to_string()))
-                    .collect::<Vec<_>>(),
-                v,
-            )
-        })
-        .collect();
+    let counters = common::rejection_counters(&snapshotter);
     let labels = vec![
         ("backend".to_string(), "embedded".to_string()),
         ("prefix".to_string(), "tenant/7".to_string()),

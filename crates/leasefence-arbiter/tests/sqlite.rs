@@ -8,7 +8,7 @@ use std::sync::Arc;
 use common::{fence, unique_resource};
 use leasefence_arbiter::sqlite::{self, with_fence};
 use leasefence_arbiter::targets::SqliteTarget;
-use leasefence_arbiter::{ArbiterError, FenceMode, REJECTIONS_METRIC};
+use leasefence_arbiter::{ArbiterError, FenceMode};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use rusqlite::{Connection, TransactionBehavior};
 
@@ -101,21 +101,7 @@ fn rejections_are_counted_with_the_backend_label() {
             assert!(sqlite::admit(&tx, &fence(&r, stale), FenceMode::Strict).is_err());
         }
     });
-    let counted: Vec<_> = snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(k, ..)| k.key().name() == REJECTIONS_METRIC)
-        .map(|(k, _, _, v)| {
-            (
-                k.key()
-                    .labels()
-                    .map(|l| (l.key().to_string(), l.value().to_string()))
-                    .collect::<Vec<_>>(),
-                v,
-            )
-        })
-        .collect();
+    let counted = common::rejection_counters(&snapshotter);
     assert_eq!(
         counted,
         vec![(

@@ -4,7 +4,8 @@
 
 #![allow(dead_code, unused_macros)]
 
-use leasefence_arbiter::{Fence, ResourceId, Token};
+use leasefence_arbiter::{Fence, REJECTIONS_METRIC, ResourceId, Token};
+use metrics_util::debugging::{DebugValue, Snapshotter};
 
 pub const POSTGRES_URL: &str = "LEASEFENCE_TEST_POSTGRES_URL";
 pub const REDIS_URL: &str = "LEASEFENCE_TEST_REDIS_URL";
@@ -88,4 +89,21 @@ macro_rules! pause_kit_test {
             assert!(report.passed());
         }
     };
+}
+
+/// The rejection counters a debugging recorder saw, as (labels, value).
+pub fn rejection_counters(snapshotter: &Snapshotter) -> Vec<(Vec<(String, String)>, DebugValue)> {
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(k, ..)| k.key().name() == REJECTIONS_METRIC)
+        .map(|(k, _, _, v)| {
+            let labels = k.key().labels();
+            (
+                labels.map(|l| (l.key().to_string(), l.value().to_string())).collect(),
+                v,
+            )
+        })
+        .collect()
 }
