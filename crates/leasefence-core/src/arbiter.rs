@@ -25,6 +25,14 @@ impl FenceMode {
         }
     }
 
+    /// The rule alone: does a fence key holding `current` admit `presented`?
+    pub fn admits(self, current: Token, presented: Token) -> bool {
+        match self {
+            FenceMode::Strict => current < presented,
+            FenceMode::Monotonic => current <= presented,
+        }
+    }
+
     pub fn parse(s: &str) -> Result<FenceMode, crate::Invalid> {
         match s {
             "strict" => Ok(FenceMode::Strict),
@@ -53,11 +61,7 @@ pub fn admit(mode: FenceMode, resource: &ResourceId, current: Option<Token>, pre
     let Some(current) = current else {
         return Ok(());
     };
-    let ok = match mode {
-        FenceMode::Strict => current < presented,
-        FenceMode::Monotonic => current <= presented,
-    };
-    if ok {
+    if mode.admits(current, presented) {
         Ok(())
     } else {
         Err(Stale {
