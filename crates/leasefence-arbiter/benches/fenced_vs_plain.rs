@@ -1,6 +1,7 @@
 //! Fenced vs plain throughput: PostgreSQL transactions at 1 and 8 clients
 //! (a one-row upsert, the worst case for the fence's relative cost, and
-//! pgbench's TPC-B-like transaction), Redis `SET` at 1 and 50 clients.
+//! pgbench's TPC-B-like transaction), Redis `SET` at 1 and 50 clients
+//! through the Functions library and through the native module.
 //!
 //! Plain is the business write alone; fenced is the same write plus the
 //! arbiter (`leasefence_admit` in the same transaction; `FCALL leasefence_set`
@@ -10,7 +11,8 @@
 //! side-by-side summary prints ops/s and the ratio fenced/plain, measured in
 //! alternating plain/fenced rounds after each group (fair under drifting
 //! load). A backend whose URL variable (`LEASEFENCE_TEST_POSTGRES_URL`,
-//! `LEASEFENCE_TEST_REDIS_URL`) is unset is skipped with a message.
+//! `LEASEFENCE_TEST_REDIS_URL`, `LEASEFENCE_TEST_REDIS_MODULE_URL`) is unset
+//! is skipped with a message.
 
 #[path = "fenced_vs_plain/driver.rs"]
 mod driver;
@@ -47,6 +49,10 @@ fn main() {
     match std::env::var("LEASEFENCE_TEST_REDIS_URL") {
         Ok(url) if !url.trim().is_empty() => rd::bench(&mut c, &rt, &url, &mut summary),
         _ => println!("skipped redis: LEASEFENCE_TEST_REDIS_URL not set"),
+    }
+    match std::env::var("LEASEFENCE_TEST_REDIS_MODULE_URL") {
+        Ok(url) if !url.trim().is_empty() => rd::bench_module(&mut c, &rt, &url, &mut summary),
+        _ => println!("skipped the redis module: LEASEFENCE_TEST_REDIS_MODULE_URL not set"),
     }
     c.final_summary();
     summary.print();

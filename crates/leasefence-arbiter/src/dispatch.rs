@@ -2,7 +2,9 @@
 //!
 //! Schemes: `postgres://` and `postgresql://` (tokio-postgres URL syntax, no
 //! TLS), `sqlite://PATH` (`sqlite:///abs/file.db` or `sqlite://rel/file.db`),
-//! `redis://`. Anything else is an [`ArbiterError::Invalid`] naming the schemes.
+//! `redis://` (the Functions library) and `redis+module://` (the same server
+//! address, through the native module). Anything else is an
+//! [`ArbiterError::Invalid`] naming the schemes.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -19,6 +21,8 @@ pub enum BackendUrl {
     Postgres(String),
     Sqlite(PathBuf),
     Redis(String),
+    /// A `redis+module://` URL, held as the `redis://` URL to connect to.
+    RedisModule(String),
 }
 
 impl BackendUrl {
@@ -27,6 +31,7 @@ impl BackendUrl {
         match scheme.as_deref() {
             Some("postgres" | "postgresql") => Ok(BackendUrl::Postgres(url.to_string())),
             Some("redis") => Ok(BackendUrl::Redis(url.to_string())),
+            Some("redis+module") => Ok(BackendUrl::RedisModule(format!("redis://{}", &url["redis+module://".len()..]))),
             Some("sqlite") => {
                 let path = &url["sqlite://".len()..];
                 if path.is_empty() || path == ":memory:" {
@@ -37,7 +42,7 @@ impl BackendUrl {
             }
             _ => Err(Invalid::new(
                 "url",
-                format!("unsupported arbiter URL {url:?}: use postgres://, postgresql://, sqlite://PATH or redis://"),
+                format!("unsupported arbiter URL {url:?}: use postgres://, postgresql://, sqlite://PATH, redis:// or redis+module://"),
             )
             .into()),
         }
@@ -58,6 +63,13 @@ pub async fn install(url: &str) -> Result<String, ArbiterError> {
             Ok(format!(
                 "Redis function library version {}",
                 crate::redis::LIBRARY_VERSION
+            ))
+        }
+        BackendUrl::RedisModule(u) => {
+            let mut conn = crate::redis::connect(&u).await?;
+            let version = crate::redis::module_loaded(&mut conn).await?;
+            Ok(format!(
+                "Redis module leasefence version {version} (loaded by the server; nothing was written)"
             ))
         }
         BackendUrl::Sqlite(path) => {
@@ -81,6 +93,10 @@ pub async fn check(url: &str, trials: u32) -> Result<Report, ArbiterError> {
             pause_check(&Arc::new(target), trials).await
         }
         BackendUrl::Redis(u) => pause_check(&Arc::new(RedisTarget::connect(&u).await?), trials).await,
+        BackendUrl::RedisModule(u) => {
+            let target = RedisTarget::connect_via(&u, crate::redis::Via::Module).await?;
+            pause_check(&Arc::new(target), trials).await
+        }
         BackendUrl::Sqlite(path) => pause_check(&Arc::new(SqliteTarget::open(&path).await?), trials).await,
     }
 }
@@ -101,6 +117,10 @@ mod tests {
             BackendUrl::parse("redis://127.0.0.1:6379"),
             Ok(BackendUrl::Redis(_))
         ));
+        assert_eq!(
+            BackendUrl::parse("redis+module://127.0.0.1:6390/0").expect("ok"),
+            BackendUrl::RedisModule("redis://127.0.0.1:6390/0".into())
+        );
         let abs = BackendUrl::parse("sqlite:///tmp/x.db").expect("ok");
         assert_eq!(abs, BackendUrl::Sqlite(PathBuf::from("/tmp/x.db")));
         let rel = BackendUrl::parse("sqlite://data/x.db").expect("ok");
@@ -119,7 +139,10 @@ mod tests {
         }
         let msg = BackendUrl::parse("mysql://h").unwrap_err().to_string();
         assert!(
-            msg.contains("postgres://") && msg.contains("redis://") && msg.contains("sqlite://"),
+            msg.contains("postgres://")
+                && msg.contains("redis://")
+                && msg.contains("sqlite://")
+                && msg.contains("redis+module://"),
             "{msg}"
         );
     }

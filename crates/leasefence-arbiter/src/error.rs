@@ -21,6 +21,14 @@ pub enum ArbiterError {
     /// The backend has no leasefence schema or functions.
     #[error("leasefence is not installed in this {backend}; run `leasefence arbiter install URL` first")]
     NotInstalled { backend: &'static str },
+    /// The server does not have the `leasefence` Redis module loaded (only for
+    /// [`crate::redis::Via::Module`]; the Functions library is [`Self::NotInstalled`]).
+    #[error(
+        "the leasefence Redis module is not loaded on this server: start redis-server with \
+         --loadmodule PATH/libleasefence_redis.so (built by `cargo build --release -p leasefence-redis-module`), \
+         or use the Functions library (redis://, `leasefence arbiter install`)"
+    )]
+    ModuleNotLoaded,
     /// The backend answered something the contract does not allow (a corrupt
     /// fence record, an unparseable rejection).
     #[error("{backend} answered outside the leasefence contract: {message}")]

@@ -1,6 +1,8 @@
 //! The Redis arbiter: a Redis Functions library (`leasefence`, Redis 7+) with
 //! fenced `SET` (optionally with an expiry), `DEL`, `HSET` and `XADD`, and
-//! Rust helpers for each.
+//! Rust helpers for each ([`Via::set`] and so on). The same commands also exist
+//! natively in a Redis module (crate `leasefence-redis-module`): [`Via`] picks
+//! one per call.
 //!
 //! A fenced call checks the fence key `leasefence:fence:{RESOURCE}`, applies
 //! the command and records the token in one atomic function call. A stale call
@@ -24,7 +26,7 @@ const BACKEND: &str = "redis";
 /// The library source loaded by [`install`].
 pub const LIBRARY: &str = include_str!("lua/leasefence.lua");
 /// The library version [`install`] loads and checks.
-pub const LIBRARY_VERSION: &str = "2";
+pub const LIBRARY_VERSION: &str = "3";
 /// Error code of a stale call.
 pub const ERROR_STALE: &str = "STALE";
 
@@ -64,108 +66,200 @@ pub async fn install_url(url: &str) -> Result<(), ArbiterError> {
 
 /// The loaded library version, `None` when the library is not loaded.
 pub async fn installed_version<C: ConnectionLike + Send>(conn: &mut C) -> Result<Option<String>, ArbiterError> {
-    match redis::cmd("FCALL_RO")
-        .arg("leasefence_version")
-        .arg(0)
-        .query_async(conn)
-        .await
+    Via::Functions.installed_version(conn).await
+}
+
+/// The module's version (`LEASEFENCE.VERSION`) when it is loaded; otherwise
+/// [`ArbiterError::ModuleNotLoaded`]. Modules cannot be loaded over a
+/// connection (Redis 7 refuses `MODULE LOAD` unless `enable-module-command`
+/// is set), so this only checks.
+pub async fn module_loaded<C: ConnectionLike + Send>(conn: &mut C) -> Result<String, ArbiterError> {
+    Via::Module
+        .installed_version(conn)
+        .await?
+        .ok_or(ArbiterError::ModuleNotLoaded)
+}
+
+/// Which server-side code runs a fenced call. Both check and record the same
+/// fence keys with the same rule and answer with the same errors, so they can
+/// be mixed on one server.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Via {
+    /// The Functions library loaded by [`install`] (`FCALL leasefence_set ...`):
+    /// works on any Redis 7+, managed ones included.
+    #[default]
+    Functions,
+    /// The native module from the `leasefence-redis-module` crate
+    /// (`LEASEFENCE.SET ...`), for servers started with `--loadmodule`: no Lua
+    /// call per write, so fenced writes cost about what plain ones do.
+    Module,
+}
+
+/// The fenced commands, named per [`Via`].
+#[derive(Clone, Copy)]
+enum Op {
+    Set,
+    Del,
+    HSet,
+    XAdd,
+}
+
+impl Via {
+    /// `FCALL function numkeys FENCE KEYS... TOKEN MODE` or `LEASEFENCE.OP
+    /// FENCE KEYS... TOKEN MODE`; the caller appends the rest.
+    fn command(self, op: Op, fence: &Fence, mode: FenceMode, keys: &[&str]) -> Cmd {
+        let mut cmd = match self {
+            Via::Functions => {
+                let function = match op {
+                    Op::Set => "leasefence_set",
+                    Op::Del => "leasefence_del",
+                    Op::HSet => "leasefence_hset",
+                    Op::XAdd => "leasefence_xadd",
+                };
+                let mut cmd = redis::cmd("FCALL");
+                cmd.arg(function).arg(keys.len() + 1);
+                cmd
+            }
+            Via::Module => redis::cmd(match op {
+                Op::Set => "LEASEFENCE.SET",
+                Op::Del => "LEASEFENCE.DEL",
+                Op::HSet => "LEASEFENCE.HSET",
+                Op::XAdd => "LEASEFENCE.XADD",
+            }),
+        };
+        cmd.arg(fence_key(&fence.resource));
+        for k in keys {
+            cmd.arg(*k);
+        }
+        cmd.arg(fence.token.get().to_string()).arg(mode.as_str());
+        cmd
+    }
+
+    /// The library version ([`Via::Functions`]) or the module's calling
+    /// convention version ([`Via::Module`]); `None` when neither is there.
+    pub async fn installed_version<C: ConnectionLike + Send>(
+        self,
+        conn: &mut C,
+    ) -> Result<Option<String>, ArbiterError> {
+        let query = match self {
+            Via::Functions => {
+                redis::cmd("FCALL_RO")
+                    .arg("leasefence_version")
+                    .arg(0)
+                    .query_async(conn)
+                    .await
+            }
+            Via::Module => redis::cmd("LEASEFENCE.VERSION").query_async(conn).await,
+        };
+        match query {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if is_missing_function(&e) || is_missing_module(&e) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Fenced `SET key value`.
+    pub async fn set<C, V>(
+        self,
+        conn: &mut C,
+        fence: &Fence,
+        mode: FenceMode,
+        key: &str,
+        value: V,
+    ) -> Result<(), ArbiterError>
+    where
+        C: ConnectionLike + Send,
+        V: ToRedisArgs,
     {
-        Ok(v) => Ok(Some(v)),
-        Err(e) if is_missing_function(&e) => Ok(None),
-        Err(e) => Err(e.into()),
+        let mut cmd = self.command(Op::Set, fence, mode, &[key]);
+        cmd.arg(value);
+        let _: redis::Value = call(conn, &cmd, fence).await?;
+        Ok(())
     }
-}
 
-/// Fenced `SET key value`.
-pub async fn set<C, V>(conn: &mut C, fence: &Fence, mode: FenceMode, key: &str, value: V) -> Result<(), ArbiterError>
-where
-    C: ConnectionLike + Send,
-    V: ToRedisArgs,
-{
-    let mut cmd = fcall("leasefence_set", fence, mode, &[key]);
-    cmd.arg(value);
-    let _: redis::Value = call(conn, &cmd, fence).await?;
-    Ok(())
-}
-
-/// Fenced `SET key value PX ttl`: the value expires after `ttl` (at least
-/// 1 ms, whole milliseconds); the fence itself never expires.
-pub async fn set_with_ttl<C, V>(
-    conn: &mut C,
-    fence: &Fence,
-    mode: FenceMode,
-    key: &str,
-    value: V,
-    ttl: std::time::Duration,
-) -> Result<(), ArbiterError>
-where
-    C: ConnectionLike + Send,
-    V: ToRedisArgs,
-{
-    let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-    if ms == 0 || ms > i64::MAX as u64 {
-        return Err(
-            leasefence_core::Invalid::new("ttl", format!("must be 1 ms..={} ms, got {ttl:?}", i64::MAX)).into(),
-        );
+    /// Fenced `SET key value PX ttl`: the value expires after `ttl` (at least
+    /// 1 ms, whole milliseconds); the fence itself never expires.
+    pub async fn set_with_ttl<C, V>(
+        self,
+        conn: &mut C,
+        fence: &Fence,
+        mode: FenceMode,
+        key: &str,
+        value: V,
+        ttl: std::time::Duration,
+    ) -> Result<(), ArbiterError>
+    where
+        C: ConnectionLike + Send,
+        V: ToRedisArgs,
+    {
+        let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        if ms == 0 || ms > i64::MAX as u64 {
+            return Err(
+                leasefence_core::Invalid::new("ttl", format!("must be 1 ms..={} ms, got {ttl:?}", i64::MAX)).into(),
+            );
+        }
+        let mut cmd = self.command(Op::Set, fence, mode, &[key]);
+        cmd.arg(value).arg("PX").arg(ms);
+        let _: redis::Value = call(conn, &cmd, fence).await?;
+        Ok(())
     }
-    let mut cmd = fcall("leasefence_set", fence, mode, &[key]);
-    cmd.arg(value).arg("PX").arg(ms);
-    let _: redis::Value = call(conn, &cmd, fence).await?;
-    Ok(())
-}
 
-/// Fenced `DEL keys...`; returns how many keys were removed. The token is
-/// recorded even if none existed.
-pub async fn del<C: ConnectionLike + Send>(
-    conn: &mut C,
-    fence: &Fence,
-    mode: FenceMode,
-    keys: &[&str],
-) -> Result<u64, ArbiterError> {
-    call(conn, &fcall("leasefence_del", fence, mode, keys), fence).await
-}
-
-/// Fenced `HSET key field value [field value ...]`; returns how many fields were added.
-pub async fn hset<C, F, V>(
-    conn: &mut C,
-    fence: &Fence,
-    mode: FenceMode,
-    key: &str,
-    fields: &[(F, V)],
-) -> Result<u64, ArbiterError>
-where
-    C: ConnectionLike + Send,
-    F: ToRedisArgs,
-    V: ToRedisArgs,
-{
-    let mut cmd = fcall("leasefence_hset", fence, mode, &[key]);
-    for (f, v) in fields {
-        cmd.arg(f).arg(v);
+    /// Fenced `DEL keys...`; returns how many keys were removed. The token is
+    /// recorded even if none existed.
+    pub async fn del<C: ConnectionLike + Send>(
+        self,
+        conn: &mut C,
+        fence: &Fence,
+        mode: FenceMode,
+        keys: &[&str],
+    ) -> Result<u64, ArbiterError> {
+        call(conn, &self.command(Op::Del, fence, mode, keys), fence).await
     }
-    call(conn, &cmd, fence).await
-}
 
-/// Fenced `XADD stream id field value [field value ...]` (`id` is usually `*`);
-/// returns the entry id.
-pub async fn xadd<C, F, V>(
-    conn: &mut C,
-    fence: &Fence,
-    mode: FenceMode,
-    stream: &str,
-    id: &str,
-    fields: &[(F, V)],
-) -> Result<String, ArbiterError>
-where
-    C: ConnectionLike + Send,
-    F: ToRedisArgs,
-    V: ToRedisArgs,
-{
-    let mut cmd = fcall("leasefence_xadd", fence, mode, &[stream]);
-    cmd.arg(id);
-    for (f, v) in fields {
-        cmd.arg(f).arg(v);
+    /// Fenced `HSET key field value [field value ...]`; returns how many fields were added.
+    pub async fn hset<C, F, V>(
+        self,
+        conn: &mut C,
+        fence: &Fence,
+        mode: FenceMode,
+        key: &str,
+        fields: &[(F, V)],
+    ) -> Result<u64, ArbiterError>
+    where
+        C: ConnectionLike + Send,
+        F: ToRedisArgs,
+        V: ToRedisArgs,
+    {
+        let mut cmd = self.command(Op::HSet, fence, mode, &[key]);
+        for (f, v) in fields {
+            cmd.arg(f).arg(v);
+        }
+        call(conn, &cmd, fence).await
     }
-    call(conn, &cmd, fence).await
+
+    /// Fenced `XADD stream id field value [field value ...]` (`id` is usually
+    /// `*`); returns the entry id.
+    pub async fn xadd<C, F, V>(
+        self,
+        conn: &mut C,
+        fence: &Fence,
+        mode: FenceMode,
+        stream: &str,
+        id: &str,
+        fields: &[(F, V)],
+    ) -> Result<String, ArbiterError>
+    where
+        C: ConnectionLike + Send,
+        F: ToRedisArgs,
+        V: ToRedisArgs,
+    {
+        let mut cmd = self.command(Op::XAdd, fence, mode, &[stream]);
+        cmd.arg(id);
+        for (f, v) in fields {
+            cmd.arg(f).arg(v);
+        }
+        call(conn, &cmd, fence).await
+    }
 }
 
 /// The recorded `last_token` of `resource`, `None` if it was never admitted.
@@ -186,17 +280,6 @@ pub async fn last_token<C: ConnectionLike + Send>(
     .transpose()
 }
 
-/// `FCALL function numkeys FENCE KEYS... TOKEN MODE`; the caller appends the rest.
-fn fcall(function: &str, fence: &Fence, mode: FenceMode, keys: &[&str]) -> Cmd {
-    let mut cmd = redis::cmd("FCALL");
-    cmd.arg(function).arg(keys.len() + 1).arg(fence_key(&fence.resource));
-    for k in keys {
-        cmd.arg(*k);
-    }
-    cmd.arg(fence.token.get().to_string()).arg(mode.as_str());
-    cmd
-}
-
 async fn call<C: ConnectionLike + Send, T: FromRedisValue>(
     conn: &mut C,
     cmd: &Cmd,
@@ -209,6 +292,12 @@ async fn call<C: ConnectionLike + Send, T: FromRedisValue>(
 
 fn is_missing_function(e: &redis::RedisError) -> bool {
     e.to_string().contains("Function not found")
+}
+
+/// `ERR unknown command 'leasefence.set', ...`: the module is not loaded.
+fn is_missing_module(e: &redis::RedisError) -> bool {
+    let text = e.to_string().to_ascii_lowercase();
+    text.contains("unknown command") && text.contains("'leasefence.")
 }
 
 /// Maps `-STALE presented current resource` to [`ArbiterError::Stale`],
@@ -229,6 +318,7 @@ pub(crate) fn classify(e: redis::RedisError, expected: Option<&ResourceId>) -> A
             e.detail().unwrap_or_default(),
         )),
         _ if is_missing_function(&e) => ArbiterError::NotInstalled { backend: BACKEND },
+        _ if is_missing_module(&e) => ArbiterError::ModuleNotLoaded,
         _ => ArbiterError::Redis(e),
     }
 }

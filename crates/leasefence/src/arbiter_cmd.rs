@@ -19,7 +19,8 @@ use crate::{CmdResult, Failure};
 
 #[derive(Subcommand, Debug)]
 pub enum ArbiterCommand {
-    /// Install (or upgrade) the fence table and functions: postgres://, sqlite://PATH, redis://.
+    /// Install (or upgrade) the fence table and functions: postgres://, sqlite://PATH, redis://
+    /// (redis+module:// only checks that the module is loaded).
     Install { url: String },
     /// The pause test kit: prove a real arbiter rejects a paused worker's stale effect.
     Check {
@@ -135,7 +136,7 @@ async fn put(url: &str, fence: &Fence, mode: FenceMode, key: &str, value: &str) 
                 .map_err(|e| ArbiterError::Task(format!("SQLite write task failed: {e}")))?
         }
         BackendUrl::Postgres(u) => postgres_put(&u, fence, mode, key, value).await,
-        BackendUrl::Redis(_) => {
+        BackendUrl::Redis(_) | BackendUrl::RedisModule(_) => {
             Err(Invalid::new("url", "arbiter put supports sqlite://PATH and postgres:// only").into())
         }
     }

@@ -1,12 +1,14 @@
-//! Redis: `SET key value` vs `FCALL leasefence_set` (through `redis::set`),
-//! one connection per client; then, as the reference the goal was set against,
+//! Redis: `SET key value` vs `FCALL leasefence_set` (through `Via::Functions`),
+//! one connection per client; `SET` vs the native module's `LEASEFENCE.SET`
+//! on a server that loaded it; then, as the reference the goal was set against,
 //! `SET` vs a bare Lua check-and-set (no argument checks, `tonumber`
 //! comparison, two `SET`s: what a hand-written fence usually looks like, and
 //! not exact above 2^53). It exists only here, to show how close the library
 //! comes to the cheapest Lua fence in the same run.
 
 use criterion::Criterion;
-use leasefence_arbiter::{Fence, FenceMode, ResourceId, Token, redis as arbiter};
+use leasefence_arbiter::redis::{self as arbiter, Via};
+use leasefence_arbiter::{Fence, FenceMode, ResourceId, Token};
 use redis::aio::MultiplexedConnection;
 use tokio::runtime::Runtime;
 
@@ -28,6 +30,7 @@ return 'OK'
 #[derive(Clone, Copy)]
 enum Fenced {
     Library,
+    Module,
     BareCas,
 }
 
@@ -47,9 +50,14 @@ impl Worker for RedisWorker {
             let token = Token::new(self.token).expect("tokens start at 1");
             let fence = Fence::new(self.resource.clone(), token);
             match self.fenced {
-                Fenced::Library => arbiter::set(&mut self.conn, &fence, FenceMode::Strict, &self.key, VALUE)
+                Fenced::Library => Via::Functions
+                    .set(&mut self.conn, &fence, FenceMode::Strict, &self.key, VALUE)
                     .await
                     .expect("fenced SET"),
+                Fenced::Module => Via::Module
+                    .set(&mut self.conn, &fence, FenceMode::Strict, &self.key, VALUE)
+                    .await
+                    .expect("LEASEFENCE.SET"),
                 Fenced::BareCas => {
                     let () = self
                         .bare_cas
@@ -73,16 +81,39 @@ impl Worker for RedisWorker {
     }
 }
 
+/// The Functions library (and the bare Lua reference) at `url`.
 pub fn bench(c: &mut Criterion, rt: &Runtime, url: &str, summary: &mut Summary) {
-    let suffix = format!("{:016x}", getrandom::u64().expect("os randomness"));
-    let mut keys = Vec::new();
     rt.block_on(arbiter::install_url(url)).expect("install");
     let cases = [
         (1usize, Fenced::Library, "redis"),
         (50, Fenced::Library, "redis"),
         (50, Fenced::BareCas, "redis-bare-lua-cas"),
     ];
-    for (clients, fenced, name) in cases {
+    run_cases(c, rt, url, &cases, summary);
+}
+
+/// The native module at `url`, a server started with `--loadmodule`.
+pub fn bench_module(c: &mut Criterion, rt: &Runtime, url: &str, summary: &mut Summary) {
+    let mut conn = rt.block_on(arbiter::connect(url)).expect("connect");
+    rt.block_on(arbiter::module_loaded(&mut conn))
+        .expect("the module is loaded");
+    let cases = [
+        (1usize, Fenced::Module, "redis-module"),
+        (50, Fenced::Module, "redis-module"),
+    ];
+    run_cases(c, rt, url, &cases, summary);
+}
+
+fn run_cases(
+    c: &mut Criterion,
+    rt: &Runtime,
+    url: &str,
+    cases: &[(usize, Fenced, &'static str)],
+    summary: &mut Summary,
+) {
+    let suffix = format!("{:016x}", getrandom::u64().expect("os randomness"));
+    let mut keys = Vec::new();
+    for &(clients, fenced, name) in cases {
         let mut w = Vec::with_capacity(clients);
         for i in 0..clients {
             let resource = ResourceId::new(&format!("leasefence-bench/{suffix}/{name}/{clients}/{i}")).expect("valid");

@@ -1,6 +1,6 @@
 #!lua name=leasefence
 
--- leasefence fenced commands for Redis 7+ (Functions). Library version 2.
+-- leasefence fenced commands for Redis 7+ (Functions). Library version 3.
 --
 -- Every fenced function takes
 --   KEYS[1] = the fence key 'leasefence:fence:{RESOURCE}' (the braces make the
@@ -10,7 +10,9 @@
 --   ARGV[2] = 'strict' (last < token) or 'monotonic' (last <= token)
 -- A stale call changes nothing and fails with
 --   -STALE <presented> <current> <resource>
--- Invalid arguments fail with -LFINVALID <reason>.
+-- Invalid arguments fail with -LFINVALID <reason>, and so does a call whose
+-- command would write the fence key itself (the effect and the token would
+-- overwrite each other).
 --
 -- Order inside a call: read and check the fence, apply the command, then record
 -- the token. If the command itself fails (WRONGTYPE, a bad stream ID) the call
@@ -24,7 +26,7 @@
 -- work: 2.3-2.5 µs of server time per fenced SET in INFO commandstats, version
 -- 2 about 1.95 µs, against 0.15 µs for a plain SET).
 
-local VERSION = '2'
+local VERSION = '3'
 local U64_MAX = '18446744073709551615'
 
 -- A canonical u64 decimal: no sign, no leading zero, at most U64_MAX.
@@ -53,6 +55,11 @@ local function check(keys, args)
     local strict = mode == 'strict'
     if not strict and mode ~= 'monotonic' then
         return invalid("mode must be 'strict' or 'monotonic'")
+    end
+    for i = 2, #keys do
+        if keys[i] == fence_key then
+            return invalid('the fenced command must not write the fence key itself')
+        end
     end
     local current = redis.call('GET', fence_key)
     if current then

@@ -1,4 +1,5 @@
-//! The Redis conformance target: the effect is one fenced `XADD` to a
+//! The Redis conformance target (the Functions library or the module, per
+//! [`Via`]): the effect is one fenced `XADD` to a
 //! per-resource stream, whose entries (in stream order, which is commit order)
 //! are both the key-value model and the history. An aborted unit is an `XADD`
 //! with the invalid ID `0-0`: the command fails after the fence check, so the
@@ -12,27 +13,38 @@ use redis::aio::MultiplexedConnection;
 
 use crate::ArbiterError;
 use crate::conformance::{ConformanceTarget, Outcome};
-use crate::redis::{connect, fence_key, installed_version, last_token, xadd};
+use crate::redis::{Via, connect, fence_key, last_token};
 
 /// Stream entries, newest first: (id, [field, value, ...]).
 type Entries = Vec<(String, Vec<String>)>;
 
 pub struct RedisTarget {
     conn: MultiplexedConnection,
+    via: Via,
     namespace: String,
     /// Every key this target wrote, removed by `cleanup`.
     touched: Mutex<BTreeSet<String>>,
 }
 
 impl RedisTarget {
-    /// Connects to `url`; the library must be installed.
+    /// Connects to `url`; the Functions library must be installed.
     pub async fn connect(url: &str) -> Result<RedisTarget, ArbiterError> {
+        RedisTarget::connect_via(url, Via::Functions).await
+    }
+
+    /// Connects to `url` and runs every fenced call through `via`, which must
+    /// be installed (the library) or loaded (the module).
+    pub async fn connect_via(url: &str, via: Via) -> Result<RedisTarget, ArbiterError> {
         let mut conn = connect(url).await?;
-        if installed_version(&mut conn).await?.is_none() {
-            return Err(ArbiterError::NotInstalled { backend: "redis" });
+        if via.installed_version(&mut conn).await?.is_none() {
+            return Err(match via {
+                Via::Functions => ArbiterError::NotInstalled { backend: "redis" },
+                Via::Module => ArbiterError::ModuleNotLoaded,
+            });
         }
         Ok(RedisTarget {
             conn,
+            via,
             namespace: super::fresh_namespace(),
             touched: Mutex::new(BTreeSet::new()),
         })
@@ -88,7 +100,10 @@ impl ConformanceTarget for RedisTarget {
             Outcome::Commit => "*",
             Outcome::Abort => "0-0",
         };
-        match (xadd(&mut conn, fence, mode, &stream, id, &fields).await, outcome) {
+        match (
+            self.via.xadd(&mut conn, fence, mode, &stream, id, &fields).await,
+            outcome,
+        ) {
             (Ok(_), Outcome::Commit) => Ok(()),
             (Ok(id), Outcome::Abort) => Err(ArbiterError::Protocol {
                 backend: "redis",

@@ -1,0 +1,248 @@
+//! The native Redis module (crate `leasefence-redis-module`) against a real
+//! server that loaded it, named by `LEASEFENCE_TEST_REDIS_MODULE_URL`
+//! (`.ci/run` builds the module and starts such a server). The same
+//! conformance suite, pause kit and scenarios as the Functions library, plus
+//! what only the module has: its own usage errors, interplay with the library
+//! on one fence key, WATCH, and propagation to a replica without the module.
+
+#[macro_use]
+mod common;
+#[macro_use]
+mod redis_common;
+
+use std::sync::Arc;
+
+use common::{REDIS_URL, fence, service_url, unique_resource};
+use leasefence_arbiter::redis::{self as lf, Via, fence_key};
+use leasefence_arbiter::targets::RedisTarget;
+use leasefence_arbiter::{ArbiterError, FenceMode};
+use redis::aio::MultiplexedConnection;
+use redis_common::{expect_stale, forget, get, last, raw};
+
+const MODULE_URL: &str = "LEASEFENCE_TEST_REDIS_MODULE_URL";
+const REPLICA_URL: &str = "LEASEFENCE_TEST_REDIS_MODULE_REPLICA_URL";
+
+async fn conn() -> Option<MultiplexedConnection> {
+    let url = service_url(MODULE_URL)?;
+    let mut c = lf::connect(&url).await.expect("connect");
+    lf::module_loaded(&mut c).await.expect("the module is loaded");
+    Some(c)
+}
+
+async fn target() -> Option<(Arc<RedisTarget>, ())> {
+    let url = service_url(MODULE_URL)?;
+    let t = RedisTarget::connect_via(&url, Via::Module).await.expect("target");
+    Some((Arc::new(t), ()))
+}
+
+mod suite {
+    use super::*;
+    conformance_tests!(target());
+    pause_kit_test!(pause_kit, target(), 25);
+}
+
+mod scenarios {
+    use super::*;
+    redis_scenarios!(conn(), Via::Module);
+}
+
+#[tokio::test]
+async fn version_and_usage_errors() {
+    let Some(mut c) = conn().await else { return };
+    assert_eq!(lf::module_loaded(&mut c).await.expect("version"), "1");
+    let r = unique_resource("module usage");
+    let (fk, key) = (fence_key(&r), format!("test:{{{r}}}:usage"));
+    let calls: [(&str, &[&str]); 7] = [
+        ("set", &[&fk, &key, "1", "strict"]),
+        ("set", &[&fk, &key, "1", "strict", "v", "EX", "5", "KEEPTTL"]),
+        ("del", &[&fk, "1", "strict"]),
+        ("hset", &[&fk, &key, "1", "strict", "field"]),
+        ("hset", &[&fk, &key, "1", "strict"]),
+        ("xadd", &[&fk, &key, "1", "strict", "*", "field"]),
+        ("xadd", &[&fk, &key, "1", "strict", "*"]),
+    ];
+    for (op, args) in calls {
+        let e = raw(Via::Module, op, &[], args)
+            .query_async::<redis::Value>(&mut c)
+            .await
+            .expect_err("refused");
+        assert_eq!(e.code(), Some("LFINVALID"), "{op} {args:?}: {e}");
+        assert!(e.to_string().contains("usage"), "{e}");
+    }
+    let untouched: (Option<String>, Option<String>) =
+        (get(&mut c, &["GET", &fk]).await, get(&mut c, &["GET", &key]).await);
+    assert_eq!(untouched, (None, None), "a refused call writes nothing");
+}
+
+/// The module and the Functions library read and write the same fence keys
+/// under the same rule, so a stale writer is caught whichever it uses.
+#[tokio::test]
+async fn module_and_library_share_fences() {
+    let Some(mut c) = conn().await else { return };
+    lf::install(&mut c).await.expect("the library loads beside the module");
+    let r = unique_resource("shared fence");
+    let key = format!("test:{{{r}}}:shared");
+    Via::Module
+        .set(&mut c, &fence(&r, 5), FenceMode::Strict, &key, "module 5")
+        .await
+        .expect("module 5");
+    expect_stale(
+        Via::Functions
+            .set(&mut c, &fence(&r, 5), FenceMode::Strict, &key, "library 5")
+            .await,
+        &r,
+        5,
+        5,
+    );
+    Via::Functions
+        .set(&mut c, &fence(&r, u64::MAX), FenceMode::Strict, &key, "library max")
+        .await
+        .expect("library max");
+    expect_stale(
+        Via::Module
+            .set(&mut c, &fence(&r, 6), FenceMode::Strict, &key, "module 6")
+            .await,
+        &r,
+        6,
+        u64::MAX,
+    );
+    assert_eq!(get::<String>(&mut c, &["GET", &key]).await, "library max");
+    assert_eq!(last(&mut c, &r).await, Some(u64::MAX));
+    forget(&mut c, &r, &[&key]).await;
+}
+
+/// A stale call changes no key (a client WATCHing the value still commits),
+/// and an admitted one counts as a write of the key, as a plain SET does.
+#[tokio::test]
+async fn stale_calls_leave_watched_keys_untouched() {
+    let Some(mut c) = conn().await else { return };
+    let url = std::env::var(MODULE_URL).expect("set when conn() returned");
+    let r = unique_resource("watch");
+    let key = format!("test:{{{r}}}:watched");
+    Via::Module
+        .set(&mut c, &fence(&r, 2), FenceMode::Strict, &key, "two")
+        .await
+        .expect("set 2");
+    // A WATCHing client's transaction fails if the key changed after WATCH.
+    let mut watcher = lf::connect(&url).await.expect("watcher");
+    let () = get(&mut watcher, &["WATCH", &key]).await;
+    expect_stale(
+        Via::Module
+            .set(&mut c, &fence(&r, 1), FenceMode::Strict, &key, "one")
+            .await,
+        &r,
+        1,
+        2,
+    );
+    let () = get(&mut watcher, &["MULTI"]).await;
+    let _: String = get(&mut watcher, &["GET", &key]).await;
+    let untouched: Option<Vec<String>> = get(&mut watcher, &["EXEC"]).await;
+    assert_eq!(
+        untouched,
+        Some(vec!["two".to_string()]),
+        "a stale call touched the watched key"
+    );
+    let () = get(&mut watcher, &["WATCH", &key]).await;
+    Via::Module
+        .set(&mut c, &fence(&r, 3), FenceMode::Strict, &key, "three")
+        .await
+        .expect("set 3");
+    let () = get(&mut watcher, &["MULTI"]).await;
+    let _: String = get(&mut watcher, &["GET", &key]).await;
+    let aborted: Option<Vec<String>> = get(&mut watcher, &["EXEC"]).await;
+    assert_eq!(aborted, None, "an admitted SET must invalidate WATCH, as SET does");
+    forget(&mut c, &r, &[&key]).await;
+}
+
+/// What the module propagates is plain `SET`s in one MULTI/EXEC: a replica
+/// without the module (`LEASEFENCE_TEST_REDIS_MODULE_REPLICA_URL`, a replica
+/// of the module's server) gets the value, the token and the expiry, and
+/// DEL, HSET and XADD (with the ID the primary chose) arrive as well.
+#[tokio::test]
+async fn replicas_without_the_module_get_every_write() {
+    let Some(mut c) = conn().await else { return };
+    let Some(replica_url) = service_url(REPLICA_URL) else {
+        return;
+    };
+    let mut replica = lf::connect(&replica_url).await.expect("replica");
+    let r = unique_resource("replicated");
+    let (key, hash, stream) = (
+        format!("test:{{{r}}}:value"),
+        format!("test:{{{r}}}:hash"),
+        format!("test:{{{r}}}:stream"),
+    );
+    let ttl = std::time::Duration::from_secs(100);
+    Via::Module
+        .set_with_ttl(&mut c, &fence(&r, 1), FenceMode::Strict, &key, "v1", ttl)
+        .await
+        .expect("set");
+    Via::Module
+        .hset(&mut c, &fence(&r, 2), FenceMode::Strict, &hash, &[("f", "v")])
+        .await
+        .expect("hset");
+    let id = Via::Module
+        .xadd(&mut c, &fence(&r, 3), FenceMode::Strict, &stream, "*", &[("f", "v")])
+        .await
+        .expect("xadd");
+    Via::Module
+        .del(&mut c, &fence(&r, 4), FenceMode::Strict, &[&hash])
+        .await
+        .expect("del");
+    // WAIT in short steps (the client's reply timeout is shorter than a
+    // replica's first full sync may take).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let acked: i64 = get(&mut c, &["WAIT", "1", "200"]).await;
+        if acked >= 1 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replica did not acknowledge the writes in 10 s"
+        );
+    }
+    assert_eq!(
+        get::<Option<String>>(&mut replica, &["GET", &key]).await.as_deref(),
+        Some("v1")
+    );
+    let pttl: i64 = get(&mut replica, &["PTTL", &key]).await;
+    assert!((90_000..=100_000).contains(&pttl), "replica PTTL {pttl}");
+    assert_eq!(last(&mut replica, &r).await, Some(4));
+    assert_eq!(get::<i64>(&mut replica, &["EXISTS", &hash]).await, 0);
+    let entries: Vec<(String, Vec<String>)> = get(&mut replica, &["XRANGE", &stream, "-", "+"]).await;
+    assert_eq!(entries, vec![(id, vec!["f".to_string(), "v".to_string()])]);
+    forget(&mut c, &r, &[&key, &stream]).await;
+}
+
+/// Without the module, calls fail with a message that says how to load it.
+#[tokio::test]
+async fn a_server_without_the_module_says_how_to_load_it() {
+    let Some(url) = service_url(REDIS_URL) else { return };
+    let mut c = lf::connect(&url).await.expect("connect");
+    if Via::Module.installed_version(&mut c).await.expect("probe").is_some() {
+        panic!("{REDIS_URL} must name a server without the module, for this test");
+    }
+    let r = unique_resource("no module");
+    let res = Via::Module
+        .set(&mut c, &fence(&r, 1), FenceMode::Strict, "test:no-module", "v")
+        .await;
+    match res {
+        Err(e @ ArbiterError::ModuleNotLoaded) => assert!(e.to_string().contains("--loadmodule"), "{e}"),
+        other => panic!("expected ModuleNotLoaded, got {other:?}"),
+    }
+    let err = RedisTarget::connect_via(&url, Via::Module).await.err();
+    assert!(matches!(err, Some(ArbiterError::ModuleNotLoaded)), "{err:?}");
+}
+
+#[tokio::test]
+async fn check_dispatches_on_redis_module_scheme() {
+    let Some(url) = service_url(MODULE_URL) else { return };
+    let module_url = url.replacen("redis://", "redis+module://", 1);
+    let installed = leasefence_arbiter::install(&module_url)
+        .await
+        .expect("install checks the module");
+    assert!(installed.contains("module leasefence version 1"), "{installed}");
+    let report = leasefence_arbiter::check(&module_url, 5).await.expect("check");
+    assert!(report.passed(), "{report:?}");
+    assert_eq!((report.backend, report.stale_rejected), ("redis", 5));
+}
