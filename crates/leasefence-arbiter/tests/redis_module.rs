@@ -188,30 +188,57 @@ async fn replicas_without_the_module_get_every_write() {
         .del(&mut c, &fence(&r, 4), FenceMode::Strict, &[&hash])
         .await
         .expect("del");
-    // WAIT in short steps (the client's reply timeout is shorter than a
-    // replica's first full sync may take).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let acked: i64 = get(&mut c, &["WAIT", "1", "200"]).await;
-        if acked >= 1 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the replica did not acknowledge the writes in 10 s"
-        );
-    }
+    let plain = format!("test:{{{r}}}:plain");
+    Via::Module
+        .set(&mut c, &fence(&r, 5), FenceMode::Strict, &plain, "v5")
+        .await
+        .expect("set without expiry");
+    wait_for_replica(&mut c).await;
+    assert_eq!(
+        get::<Option<String>>(&mut replica, &["GET", &plain]).await.as_deref(),
+        Some("v5")
+    );
     assert_eq!(
         get::<Option<String>>(&mut replica, &["GET", &key]).await.as_deref(),
         Some("v1")
     );
     let pttl: i64 = get(&mut replica, &["PTTL", &key]).await;
     assert!((90_000..=100_000).contains(&pttl), "replica PTTL {pttl}");
-    assert_eq!(last(&mut replica, &r).await, Some(4));
+    assert_eq!(last(&mut replica, &r).await, Some(5));
     assert_eq!(get::<i64>(&mut replica, &["EXISTS", &hash]).await, 0);
     let entries: Vec<(String, Vec<String>)> = get(&mut replica, &["XRANGE", &stream, "-", "+"]).await;
     assert_eq!(entries, vec![(id, vec!["f".to_string(), "v".to_string()])]);
-    forget(&mut c, &r, &[&key, &stream]).await;
+    forget(&mut c, &r, &[&key, &stream, &plain]).await;
+}
+
+/// Waits until a replica has acknowledged every write so far.
+async fn wait_for_replica(c: &mut MultiplexedConnection) {
+    // WAIT in short steps (the client's reply timeout is shorter than a
+    // replica's first full sync may take).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let acked: i64 = get(c, &["WAIT", "1", "200"]).await;
+        if acked >= 1 {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replica did not acknowledge the writes in 10 s"
+        );
+    }
+}
+
+/// A key's type and content, comparable between servers.
+async fn snapshot(c: &mut MultiplexedConnection, key: &[u8]) -> (String, Vec<Vec<u8>>) {
+    let kind: String = redis::cmd("TYPE").arg(key).query_async(c).await.expect("TYPE");
+    let query = match kind.as_str() {
+        "string" => redis::cmd("GET").arg(key).clone(),
+        "hash" => redis::cmd("HGETALL").arg(key).clone(),
+        "stream" => redis::cmd("XRANGE").arg(key).arg("-").arg("+").clone(),
+        _ => return (kind, Vec::new()),
+    };
+    let value: redis::Value = query.query_async(c).await.expect("read");
+    (kind, vec![format!("{value:?}").into_bytes()])
 }
 
 /// Without the module, calls fail with a message that says how to load it.
@@ -245,4 +272,134 @@ async fn check_dispatches_on_redis_module_scheme() {
     let report = leasefence_arbiter::check(&module_url, 5).await.expect("check");
     assert!(report.passed(), "{report:?}");
     assert_eq!((report.backend, report.stale_rejected), ("redis", 5));
+}
+
+/// Thousands of calls with random argument lists (random counts, empty and
+/// NUL-laden strings, non-UTF-8 bytes, out-of-range tokens, refused options,
+/// the fence key in every position) never take the server down, the fence
+/// only ever holds a valid token that never goes backwards, and the replica
+/// ends with the same keys. The module
+/// runs inside the server: a panic there would abort Redis itself.
+#[tokio::test]
+async fn random_arguments_never_crash_the_server_or_move_the_fence_back() {
+    let Some(mut c) = conn().await else { return };
+    let r = unique_resource("random args");
+    let fk = fence_key(&r);
+    let prefix = format!("test:{{{r}}}:");
+    let mut pool: Vec<Vec<u8>> = [
+        "",
+        "0",
+        "1",
+        "2",
+        "7",
+        "01",
+        "+3",
+        "-1",
+        // Not u64::MAX: once admitted, every later call would be stale.
+        "18446744073709551616",
+        "strict",
+        "monotonic",
+        "STRICT",
+        "EX",
+        "PX",
+        "EXAT",
+        "PXAT",
+        "KEEPTTL",
+        "NX",
+        "GET",
+        "100",
+        "0-0",
+        "*",
+        "5-1",
+        "leasefence:fence:{}",
+        "leasefence:fence:{",
+        "field",
+        "value",
+    ]
+    .iter()
+    .map(|s| s.as_bytes().to_vec())
+    .collect();
+    pool.extend([fk.as_bytes().to_vec(), fk.as_bytes().to_vec(), fk.as_bytes().to_vec()]);
+    for name in ["a", "b", "h", "s"] {
+        pool.push(format!("{prefix}{name}").into_bytes());
+    }
+    // Odd bytes, only ever as values or inside the test's own key prefix.
+    for odd in [&b"\0"[..], b"\xff\xfe", b"1\0", b"1 ", "\u{663}".as_bytes()] {
+        let mut key = prefix.clone().into_bytes();
+        key.extend_from_slice(odd);
+        pool.push(key);
+    }
+    let mut seed = getrandom::u64().expect("os randomness");
+    eprintln!("seed {seed}");
+    let mut next = move || {
+        seed = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = seed;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let ops = [
+        "LEASEFENCE.SET",
+        "LEASEFENCE.DEL",
+        "LEASEFENCE.HSET",
+        "LEASEFENCE.XADD",
+        "LEASEFENCE.VERSION",
+    ];
+    let mut highest = 0u64;
+    let mut answered = [0usize; 2];
+    for _ in 0..3000 {
+        let mut cmd = redis::cmd(ops[(next() % ops.len() as u64) as usize]);
+        // Half the calls are shaped like real ones (FENCE KEY TOKEN MODE, then
+        // random arguments), so admissions and rejections happen too.
+        if next() % 2 == 0 {
+            let key = format!("{prefix}{}", ["a", "b", "h", "s"][(next() % 4) as usize]);
+            let mode = if next() % 2 == 0 { "strict" } else { "monotonic" };
+            cmd.arg(&fk).arg(key).arg(1 + next() % 60).arg(mode);
+        }
+        for _ in 0..next() % 7 {
+            cmd.arg(&pool[(next() % pool.len() as u64) as usize][..]);
+        }
+        match cmd.query_async::<redis::Value>(&mut c).await {
+            Ok(_) => answered[0] += 1,
+            // An error reply (-STALE, -LFINVALID, -ERR, -WRONGTYPE, ...).
+            Err(e) if e.code().is_some() => answered[1] += 1,
+            Err(e) => panic!("the server stopped answering: {e}"),
+        }
+        if let Some(t) = last(&mut c, &r).await {
+            assert!(t >= highest, "the fence went back from {highest} to {t}");
+            highest = t;
+        }
+    }
+    let pong: String = get(&mut c, &["PING"]).await;
+    assert_eq!(pong, "PONG");
+    assert_eq!(lf::module_loaded(&mut c).await.expect("still loaded"), "1");
+    assert!(
+        answered[0] > 0 && answered[1] > 0,
+        "both admitted and refused calls: {answered:?}"
+    );
+    assert!(highest > 0, "some fenced call was admitted");
+    eprintln!(
+        "{} calls answered, {} refused; the fence ended at {highest}",
+        answered[0], answered[1]
+    );
+    let keys: Vec<Vec<u8>> = get(&mut c, &["KEYS", &format!("{prefix}*")]).await;
+    if let Ok(replica_url) = std::env::var(REPLICA_URL) {
+        let mut replica = lf::connect(&replica_url).await.expect("replica");
+        wait_for_replica(&mut c).await;
+        eprintln!("{} keys to compare with the replica", keys.len() + 1);
+        let mut all = keys.clone();
+        all.push(fk.clone().into_bytes());
+        for key in all {
+            assert_eq!(
+                snapshot(&mut c, &key).await,
+                snapshot(&mut replica, &key).await,
+                "{} on the replica",
+                String::from_utf8_lossy(&key)
+            );
+        }
+    }
+    if !keys.is_empty() {
+        let _: u64 = redis::cmd("DEL").arg(keys).query_async(&mut c).await.expect("cleanup");
+    }
+    forget(&mut c, &r, &[]).await;
 }
