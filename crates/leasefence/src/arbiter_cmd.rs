@@ -9,9 +9,12 @@
 //! `rejected: stale fencing token …` and exits 5 (stale). Tables, created on
 //! first use next to the arbiter's own (install the arbiter first):
 //! `leasefence_kv (key, value, resource, token)` and
-//! `leasefence_kv_history (seq, key, value, resource, token)`.
+//! `leasefence_kv_history (seq, key, value, resource, token)`. On Redis
+//! (`redis://`, `redis+module://`) it is a fenced `SET KEY VALUE`, without a
+//! history.
 
 use clap::{Subcommand, ValueEnum};
+use leasefence_arbiter::redis::Via;
 use leasefence_arbiter::{ArbiterError, BackendUrl, Fence, FenceMode};
 use leasefence_core::{ENV_RESOURCE, ENV_TOKEN, Invalid};
 
@@ -29,8 +32,9 @@ pub enum ArbiterCommand {
         #[arg(long, default_value_t = 100)]
         trials: u32,
     },
-    /// Write KEY=VALUE through the arbiter at URL (sqlite://PATH or postgres://…),
-    /// fenced by LEASEFENCE_RESOURCE and LEASEFENCE_TOKEN. Exit 5 if stale.
+    /// Write KEY=VALUE through the arbiter at URL (sqlite://PATH, postgres://…, or a fenced
+    /// SET on redis://… or redis+module://…), fenced by LEASEFENCE_RESOURCE and
+    /// LEASEFENCE_TOKEN. Exit 5 if stale.
     Put {
         url: String,
         key: String,
@@ -136,10 +140,21 @@ async fn put(url: &str, fence: &Fence, mode: FenceMode, key: &str, value: &str) 
                 .map_err(|e| ArbiterError::Task(format!("SQLite write task failed: {e}")))?
         }
         BackendUrl::Postgres(u) => postgres_put(&u, fence, mode, key, value).await,
-        BackendUrl::Redis(_) | BackendUrl::RedisModule(_) => {
-            Err(Invalid::new("url", "arbiter put supports sqlite://PATH and postgres:// only").into())
-        }
+        BackendUrl::Redis(u) => redis_put(&u, Via::Functions, fence, mode, key, value).await,
+        BackendUrl::RedisModule(u) => redis_put(&u, Via::Module, fence, mode, key, value).await,
     }
+}
+
+async fn redis_put(
+    url: &str,
+    via: Via,
+    fence: &Fence,
+    mode: FenceMode,
+    key: &str,
+    value: &str,
+) -> Result<(), ArbiterError> {
+    let mut conn = leasefence_arbiter::redis::connect(url).await?;
+    via.set(&mut conn, fence, mode, key, value).await
 }
 
 const SQLITE_KV: &str = "

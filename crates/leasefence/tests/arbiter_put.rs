@@ -1,7 +1,9 @@
 //! `leasefence arbiter put URL KEY VALUE`: the fence from the environment,
 //! `accepted` / exit 0, a stale token rejected with exit 5 and nothing
-//! written, missing fence → exit 2. SQLite always; PostgreSQL when
-//! `LEASEFENCE_TEST_POSTGRES_URL` is set (required under `CI=true`).
+//! written, missing fence → exit 2. SQLite always; PostgreSQL, Redis (the
+//! Functions library) and the Redis module when `LEASEFENCE_TEST_POSTGRES_URL`,
+//! `LEASEFENCE_TEST_REDIS_URL` and `LEASEFENCE_TEST_REDIS_MODULE_URL` are set
+//! (required under `CI=true`).
 
 mod common;
 
@@ -76,24 +78,70 @@ fn sqlite_put_accepts_newer_tokens_and_rejects_stale_ones() {
     assert_eq!(value, "by-3");
 }
 
-#[test]
-fn postgres_put_accepts_newer_tokens_and_rejects_stale_ones() {
-    let url = match std::env::var("LEASEFENCE_TEST_POSTGRES_URL") {
-        Ok(u) if !u.trim().is_empty() => u,
+/// The URL in `var`; unset, skip (or fail under `CI=true`).
+fn service_url(var: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(u) if !u.trim().is_empty() => Some(u),
         _ => {
-            assert_ne!(
-                std::env::var("CI").as_deref(),
-                Ok("true"),
-                "CI=true needs LEASEFENCE_TEST_POSTGRES_URL"
-            );
-            eprintln!("skipped: LEASEFENCE_TEST_POSTGRES_URL not set");
-            return;
+            assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "CI=true needs {var}");
+            eprintln!("skipped: {var} not set");
+            None
         }
-    };
+    }
+}
+
+/// A resource no earlier run used.
+fn fresh(backend: &str) -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("after 1970")
         .as_nanos();
-    let resource = format!("kv/postgres/{}/{nanos}", std::process::id());
-    story(&url, &resource);
+    format!("kv/{backend}/{}/{nanos}", std::process::id())
+}
+
+#[test]
+fn postgres_put_accepts_newer_tokens_and_rejects_stale_ones() {
+    let Some(url) = service_url("LEASEFENCE_TEST_POSTGRES_URL") else {
+        return;
+    };
+    story(&url, &fresh("postgres"));
+}
+
+/// On Redis, `put` is a fenced `SET`: the value of the last admitted write
+/// stays, under the last admitted token.
+fn redis_story(put_url: &str, redis_url: &str, backend: &str) {
+    let resource = fresh(backend);
+    story(put_url, &resource);
+    let mut conn = redis::Client::open(redis_url)
+        .and_then(|c| c.get_connection())
+        .expect("connect");
+    let fence_key = format!("leasefence:fence:{{{resource}}}");
+    let (value, token): (Option<String>, Option<String>) = redis::pipe()
+        .get(&resource)
+        .get(&fence_key)
+        .query(&mut conn)
+        .expect("read back");
+    assert_eq!((value.as_deref(), token.as_deref()), (Some("by-3"), Some("3")));
+    let _: u64 = redis::cmd("DEL")
+        .arg(&resource)
+        .arg(&fence_key)
+        .query(&mut conn)
+        .expect("cleanup");
+}
+
+#[test]
+fn redis_put_is_a_fenced_set() {
+    let Some(url) = service_url("LEASEFENCE_TEST_REDIS_URL") else {
+        return;
+    };
+    redis_story(&url, &url, "redis");
+}
+
+#[test]
+fn redis_module_put_is_a_fenced_set() {
+    let Some(url) = service_url("LEASEFENCE_TEST_REDIS_MODULE_URL") else {
+        return;
+    };
+    let module_url = url.replacen("redis://", "redis+module://", 1);
+    redis_story(&module_url, &url, "redis-module");
 }
