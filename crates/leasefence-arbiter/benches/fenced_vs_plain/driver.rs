@@ -83,6 +83,7 @@ fn interleave<W: Worker>(
 ) {
     let clients = workers.len();
     for _ in 0..INTERLEAVED_ROUNDS {
+        let mut rates = [0.0; 2];
         for fenced in [false, true] {
             let rate = summary
                 .calibration
@@ -93,7 +94,13 @@ fn interleave<W: Worker>(
             let tally = summary.rounds.entry((backend, clients, unit, fenced)).or_default();
             tally.ops += ops;
             tally.time += t;
+            rates[usize::from(fenced)] = ops as f64 / t.as_secs_f64().max(f64::MIN_POSITIVE);
         }
+        summary
+            .pair_ratios
+            .entry((backend, clients, unit))
+            .or_default()
+            .push(rates[1] / rates[0]);
     }
 }
 
@@ -120,6 +127,9 @@ pub struct Summary {
     calibration: BTreeMap<(&'static str, usize, bool), Tally>,
     /// (backend, clients, unit, fenced) -> the interleaved rounds.
     rounds: BTreeMap<(&'static str, usize, &'static str, bool), Tally>,
+    /// (backend, clients, unit) -> fenced/plain of each interleaved pair, to
+    /// show how much the ratio moves within one run.
+    pair_ratios: BTreeMap<(&'static str, usize, &'static str), Vec<f64>>,
 }
 
 impl Summary {
@@ -133,8 +143,18 @@ impl Summary {
                 continue;
             };
             let (p, f) = (plain.per_second(), f.per_second());
+            let mut pairs = self
+                .pair_ratios
+                .get(&(*backend, *clients, *unit))
+                .cloned()
+                .unwrap_or_default();
+            pairs.sort_by(f64::total_cmp);
+            let spread = match (pairs.first(), pairs.last()) {
+                (Some(lo), Some(hi)) => format!(" (pairs {lo:.2}-{hi:.2})"),
+                _ => String::new(),
+            };
             println!(
-                "{backend} {clients} clients: plain {p:.0} {unit}/s, fenced {f:.0} {unit}/s, ratio {:.2}",
+                "{backend} {clients} clients: plain {p:.0} {unit}/s, fenced {f:.0} {unit}/s, ratio {:.2}{spread}",
                 f / p
             );
         }
