@@ -15,7 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{POSTGRES_URL, service_url, unique_resource};
+use common::{POSTGRES_URL, service_url, splitmix, unique_resource};
 use leasefence_arbiter::embedded::{EmbeddedArbiter, FENCES};
 use leasefence_arbiter::{ResourceId, postgres, sqlite};
 use redb::{ReadableDatabase, TableDefinition};
@@ -36,14 +36,6 @@ trait Store {
     fn child_args(&self) -> Vec<String>;
     /// `(fence last_token, business row token)` read in one snapshot.
     fn observe(&mut self) -> (Option<u64>, Option<u64>);
-}
-
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// Runs one child until its first ack plus a random delay, SIGKILLs it, and

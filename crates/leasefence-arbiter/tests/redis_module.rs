@@ -331,13 +331,7 @@ async fn random_arguments_never_crash_the_server_or_move_the_fence_back() {
     }
     let mut seed = getrandom::u64().expect("os randomness");
     eprintln!("seed {seed}");
-    let mut next = move || {
-        seed = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = seed;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    };
+    let mut next = move || common::splitmix(&mut seed);
     let ops = [
         "LEASEFENCE.SET",
         "LEASEFENCE.DEL",

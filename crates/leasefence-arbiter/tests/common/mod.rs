@@ -25,6 +25,15 @@ pub fn service_url(var: &str) -> Option<String> {
     }
 }
 
+/// SplitMix64: the tests' seeded generator (they print the seed).
+pub fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 /// A resource name no other test uses.
 pub fn unique_resource(name: &str) -> ResourceId {
     let mut buf = [0u8; 8];
