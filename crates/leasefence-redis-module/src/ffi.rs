@@ -43,6 +43,7 @@ pub const NOTIFY_STRING: c_int = 1 << 3;
 
 pub type CmdFunc = unsafe extern "C" fn(*mut Ctx, *mut *mut RString, c_int) -> c_int;
 type GetApi = unsafe extern "C" fn(*const c_char, *mut c_void) -> c_int;
+pub type LogFn = unsafe extern "C" fn(*mut Ctx, *const c_char, *const c_char, ...);
 
 /// The functions, fetched once at load time.
 pub struct Api {
@@ -50,7 +51,7 @@ pub struct Api {
     pub is_module_name_busy: unsafe extern "C" fn(*const c_char) -> c_int,
     pub create_command:
         unsafe extern "C" fn(*mut Ctx, *const c_char, CmdFunc, *const c_char, c_int, c_int, c_int) -> c_int,
-    pub log: unsafe extern "C" fn(*mut Ctx, *const c_char, *const c_char, ...),
+    pub log: LogFn,
     pub reply_with_error: unsafe extern "C" fn(*mut Ctx, *const c_char) -> c_int,
     pub reply_with_simple_string: unsafe extern "C" fn(*mut Ctx, *const c_char) -> c_int,
     pub reply_with_call_reply: unsafe extern "C" fn(*mut Ctx, *mut CallReply) -> c_int,
@@ -81,7 +82,7 @@ pub fn api() -> &'static Api {
 }
 
 /// Fetches every function through `RedisModule_GetApi`; on a missing one
-/// returns its name.
+/// logs and returns its name.
 ///
 /// # Safety
 /// `ctx` must be the context Redis passed to `RedisModule_OnLoad`.
@@ -91,19 +92,37 @@ pub unsafe fn init(ctx: *mut Ctx) -> Result<&'static Api, &'static str> {
     }
     // SAFETY: redismodule.h: `void *getapifuncptr = ((void**)ctx)[0];`.
     let get_api: GetApi = unsafe { std::mem::transmute::<*mut c_void, GetApi>(*(ctx as *mut *mut c_void)) };
+    // `Option<extern fn>` is a nullable function pointer, the very slot
+    // `REDISMODULE_GET_API` hands to GetApi.
+    let mut log_slot: Option<LogFn> = None;
+    // SAFETY: GetApi writes the named function's address (or nothing) into a
+    // pointer-sized slot.
+    let rc = unsafe { get_api(c"RedisModule_Log".as_ptr(), (&raw mut log_slot).cast()) };
+    let log = match log_slot {
+        Some(f) if rc == OK => f,
+        _ => return Err("RedisModule_Log"),
+    };
     macro_rules! fetch {
         ($name:literal) => {{
-            // `Option<extern fn>` is a nullable function pointer, the very
-            // slot `REDISMODULE_GET_API` hands to GetApi; the field it is
-            // assigned to fixes its type.
+            // The field the result is assigned to fixes the slot's type.
             let mut slot = None;
             let name = concat!("RedisModule_", $name, "\0");
-            // SAFETY: GetApi writes the named function's address (or nothing)
-            // into a pointer-sized slot.
+            // SAFETY: as for Log above.
             let rc = unsafe { get_api(name.as_ptr().cast(), (&raw mut slot).cast()) };
             match slot {
                 Some(f) if rc == OK => f,
-                _ => return Err(concat!("RedisModule_", $name)),
+                _ => {
+                    // SAFETY: Log with a printf format and one C string.
+                    unsafe {
+                        log(
+                            ctx,
+                            c"warning".as_ptr(),
+                            c"leasefence: this Redis has no %s; the module needs Redis 7.0 or later".as_ptr(),
+                            name.as_ptr(),
+                        )
+                    };
+                    return Err(concat!("RedisModule_", $name));
+                }
             }
         }};
     }
@@ -111,7 +130,7 @@ pub unsafe fn init(ctx: *mut Ctx) -> Result<&'static Api, &'static str> {
         set_module_attribs: fetch!("SetModuleAttribs"),
         is_module_name_busy: fetch!("IsModuleNameBusy"),
         create_command: fetch!("CreateCommand"),
-        log: fetch!("Log"),
+        log,
         reply_with_error: fetch!("ReplyWithError"),
         reply_with_simple_string: fetch!("ReplyWithSimpleString"),
         reply_with_call_reply: fetch!("ReplyWithCallReply"),
