@@ -3,7 +3,8 @@
 //! (`.ci/run` builds the module and starts such a server). The same
 //! conformance suite, pause kit and scenarios as the Functions library, plus
 //! what only the module has: its own usage errors, interplay with the library
-//! on one fence key, WATCH, and propagation to a replica without the module.
+//! on one fence key, WATCH, propagation to a replica without the module, and
+//! key routing in a Redis Cluster.
 
 #[macro_use]
 mod common;
@@ -21,6 +22,7 @@ use redis_common::{expect_stale, forget, get, last, raw};
 
 const MODULE_URL: &str = "LEASEFENCE_TEST_REDIS_MODULE_URL";
 const REPLICA_URL: &str = "LEASEFENCE_TEST_REDIS_MODULE_REPLICA_URL";
+const CLUSTER_URLS: &str = "LEASEFENCE_TEST_REDIS_MODULE_CLUSTER_URLS";
 
 async fn conn() -> Option<MultiplexedConnection> {
     let url = service_url(MODULE_URL)?;
@@ -396,4 +398,49 @@ async fn random_arguments_never_crash_the_server_or_move_the_fence_back() {
         let _: u64 = redis::cmd("DEL").arg(keys).query_async(&mut c).await.expect("cleanup");
     }
     forget(&mut c, &r, &[]).await;
+}
+
+/// In a Redis Cluster (`LEASEFENCE_TEST_REDIS_MODULE_CLUSTER_URLS`, one URL
+/// per master, each with the module), both flavours route by their keys: the
+/// fence key and the data keys, never the token or the mode. Exactly one node
+/// takes a call whose keys share the `{RESOURCE}` tag, the others answer
+/// MOVED, and keys of another slot are refused with CROSSSLOT.
+#[tokio::test]
+async fn cluster_routes_fenced_calls_by_their_keys() {
+    let Some(urls) = service_url(CLUSTER_URLS) else { return };
+    let mut nodes = Vec::new();
+    for url in urls.split(',') {
+        let mut conn = lf::connect(url).await.expect("connect to a cluster node");
+        // Functions live per node: load the library on every master.
+        lf::install(&mut conn).await.expect("install the library on the node");
+        nodes.push(conn);
+    }
+    assert!(nodes.len() >= 3, "{CLUSTER_URLS} must name the masters: {urls}");
+    for via in [Via::Functions, Via::Module] {
+        let r = unique_resource("cluster");
+        let (key, other) = (format!("test:{{{r}}}:v"), format!("test:{{{r}-elsewhere}}:v"));
+        let mut owner = None;
+        for (i, conn) in nodes.iter_mut().enumerate() {
+            match via.set(conn, &fence(&r, 1), FenceMode::Monotonic, &key, "v").await {
+                Ok(()) => {
+                    assert!(owner.is_none(), "{via:?}: two nodes took one slot");
+                    owner = Some(i);
+                }
+                Err(ArbiterError::Redis(e)) if e.to_string().to_ascii_uppercase().contains("MOVED") => {}
+                Err(e) => panic!("{via:?}: node {i}: expected OK or MOVED, got {e}"),
+            }
+        }
+        let owner = owner.unwrap_or_else(|| panic!("{via:?}: no node took the call"));
+        let conn = &mut nodes[owner];
+        let cross = via.set(conn, &fence(&r, 2), FenceMode::Strict, &other, "v").await;
+        assert!(
+            matches!(&cross, Err(ArbiterError::Redis(e)) if e.to_string().to_ascii_uppercase().contains("CROSSSLOT")),
+            "{via:?}: a data key of another slot: {cross:?}"
+        );
+        let second = format!("test:{{{r}}}:w");
+        let removed = via.del(conn, &fence(&r, 2), FenceMode::Strict, &[&key, &second]).await;
+        assert_eq!(removed.expect("DEL of two keys in the slot"), 1, "{via:?}");
+        assert_eq!(last(conn, &r).await, Some(2), "{via:?}");
+        forget(conn, &r, &[]).await;
+    }
 }
