@@ -320,6 +320,15 @@ pub unsafe extern "C" fn del(ctx: *mut Ctx, argv_ptr: *mut *mut RString, argc: c
     fenced_call(ctx, [a[1], a[n - 2], a[n - 1]], c"DEL", &a[2..n - 2], n - 4)
 }
 
+/// HSET and XADD: `FENCE KEY TOKEN MODE REST...` runs `COMMAND KEY REST...`.
+/// The caller has checked that `a` has at least six arguments.
+fn one_key_call(ctx: *mut Ctx, a: &[*mut RString], command: &CStr) -> c_int {
+    let mut effect = Vec::with_capacity(a.len() - 4);
+    effect.push(a[2]);
+    effect.extend_from_slice(&a[5..]);
+    fenced_call(ctx, [a[1], a[3], a[4]], command, &effect, 1)
+}
+
 /// `LEASEFENCE.HSET FENCE KEY TOKEN MODE FIELD VALUE [FIELD VALUE ...]`.
 pub unsafe extern "C" fn hset(ctx: *mut Ctx, argv_ptr: *mut *mut RString, argc: c_int) -> c_int {
     // SAFETY: called by Redis as a command function.
@@ -327,10 +336,7 @@ pub unsafe extern "C" fn hset(ctx: *mut Ctx, argv_ptr: *mut *mut RString, argc: 
     if a.len() < 7 || a.len() % 2 == 0 {
         return reply_error(ctx, HSET_USAGE);
     }
-    let mut effect = Vec::with_capacity(a.len() - 4);
-    effect.push(a[2]);
-    effect.extend_from_slice(&a[5..]);
-    fenced_call(ctx, [a[1], a[3], a[4]], c"HSET", &effect, 1)
+    one_key_call(ctx, a, c"HSET")
 }
 
 /// `LEASEFENCE.XADD FENCE STREAM TOKEN MODE ID FIELD VALUE [FIELD VALUE ...]`.
@@ -340,10 +346,7 @@ pub unsafe extern "C" fn xadd(ctx: *mut Ctx, argv_ptr: *mut *mut RString, argc: 
     if a.len() < 8 || a.len() % 2 == 1 {
         return reply_error(ctx, XADD_USAGE);
     }
-    let mut effect = Vec::with_capacity(a.len() - 4);
-    effect.push(a[2]);
-    effect.extend_from_slice(&a[5..]);
-    fenced_call(ctx, [a[1], a[3], a[4]], c"XADD", &effect, 1)
+    one_key_call(ctx, a, c"XADD")
 }
 
 /// `LEASEFENCE.VERSION`.
