@@ -51,7 +51,7 @@ impl BackendUrl {
 
 /// Installs (or upgrades, idempotently) the arbiter schema or functions at
 /// `url`; returns what is now installed there, for the operator, e.g.
-/// `PostgreSQL schema version 2`.
+/// `PostgreSQL schema version 3`.
 pub async fn install(url: &str) -> Result<String, ArbiterError> {
     match BackendUrl::parse(url)? {
         BackendUrl::Postgres(u) => {

@@ -21,10 +21,14 @@ use tokio_postgres::{Client, GenericClient, NoTls, Statement, Transaction};
 use crate::ArbiterError;
 use crate::reject::{observe, token_from_i64, token_to_i64};
 
+mod folded;
+
+pub use folded::{FENCE_CTE, FencedStatement, fold_fence};
+
 const BACKEND: &str = "postgres";
 
 /// The schema version this build installs and expects.
-pub const SCHEMA_VERSION: i32 = 2;
+pub const SCHEMA_VERSION: i32 = 3;
 /// SQLSTATE raised by `leasefence_admit` for a stale token.
 pub const SQLSTATE_STALE: &str = "LF001";
 /// SQLSTATE raised by `leasefence_admit` for an invalid argument.
@@ -179,10 +183,7 @@ impl PreparedAdmit {
         let token = token_to_i64(BACKEND, fence.token)?;
         let (resource, mode) = (fence.resource.as_str(), mode.as_str());
         let params: [&(dyn ToSql + Sync); 3] = [&resource, &token, &mode];
-        let raised = tx
-            .execute(&self.update, &params)
-            .await
-            .map_err(|e| observe(BACKEND, ArbiterError::from(e)))?;
+        let raised = tx.execute(&self.update, &params).await.map_err(classify_observed)?;
         if raised == 1 {
             return Ok(());
         }
@@ -209,7 +210,12 @@ impl PreparedAdmit {
 }
 
 fn admitted(result: Result<u64, tokio_postgres::Error>) -> Result<(), ArbiterError> {
-    result.map(|_| ()).map_err(|e| observe(BACKEND, ArbiterError::from(e)))
+    result.map(|_| ()).map_err(classify_observed)
+}
+
+/// [`classify`], and a rejection counted and logged.
+fn classify_observed(e: tokio_postgres::Error) -> ArbiterError {
+    observe(BACKEND, ArbiterError::from(e))
 }
 
 async fn pipelined<T, E, A, Fut>(admit: A, effect: Fut) -> Result<T, E>

@@ -121,6 +121,8 @@ fn crash_loop(name: &str, store: &mut dyn Store) {
 }
 
 struct Postgres {
+    /// `postgres` or `postgres-folded`: the child's BACKEND.
+    backend: &'static str,
     rt: tokio::runtime::Runtime,
     client: tokio_postgres::Client,
     url: String,
@@ -131,7 +133,7 @@ struct Postgres {
 impl Store for Postgres {
     fn child_args(&self) -> Vec<String> {
         let r = self.resource.to_string();
-        vec!["postgres".into(), self.url.clone(), r, self.table.clone()]
+        vec![self.backend.into(), self.url.clone(), r, self.table.clone()]
     }
 
     fn observe(&mut self) -> (Option<u64>, Option<u64>) {
@@ -152,6 +154,17 @@ impl Store for Postgres {
 
 #[test]
 fn postgres_fence_and_row_survive_sigkill_together() {
+    postgres_crash("postgres");
+}
+
+/// The same with the fence folded into the effect's statement
+/// (`postgres::FencedStatement`).
+#[test]
+fn postgres_folded_fence_and_row_survive_sigkill_together() {
+    postgres_crash("postgres-folded");
+}
+
+fn postgres_crash(backend: &'static str) {
     let Some(url) = service_url(POSTGRES_URL) else { return };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -162,15 +175,16 @@ fn postgres_fence_and_row_survive_sigkill_together() {
     let table = format!("leasefence_crash_{:016x}", getrandom::u64().expect("os randomness"));
     let ddl = format!("CREATE TABLE {table} (key text PRIMARY KEY, token bigint NOT NULL)");
     rt.block_on(client.batch_execute(&ddl)).expect("business table");
-    let resource = unique_resource("crash-postgres");
+    let resource = unique_resource(&format!("crash-{backend}"));
     let mut store = Postgres {
+        backend,
         rt,
         client,
         url,
         resource,
         table,
     };
-    crash_loop("postgres", &mut store);
+    crash_loop(backend, &mut store);
     let cleanup = format!("DROP TABLE {}", store.table);
     store.rt.block_on(store.client.batch_execute(&cleanup)).expect("drop");
     store

@@ -394,7 +394,10 @@ async fn install_upgrades_v1_refuses_newer_and_ignores_callers_search_path() {
     .await
     .expect("simulate version 1");
     postgres::install(&mut c).await.expect("upgrade from version 1");
-    assert_eq!(postgres::installed_version(&c).await.expect("version"), Some(2));
+    assert_eq!(
+        postgres::installed_version(&c).await.expect("version"),
+        Some(postgres::SCHEMA_VERSION)
+    );
     let config: Option<Vec<String>> = c
         .query_one(
             &format!("SELECT proconfig FROM pg_proc WHERE oid = '{schema}.leasefence_admit(text, bigint, text)'::regprocedure"),
@@ -415,7 +418,8 @@ async fn install_upgrades_v1_refuses_newer_and_ignores_callers_search_path() {
     assert_eq!(checks, 0, "the per-admit CHECK constraints are gone after the upgrade");
 
     c.batch_execute(&format!(
-        "UPDATE {schema}.leasefence_schema_version SET version = 3 WHERE component = 'arbiter'"
+        "UPDATE {schema}.leasefence_schema_version SET version = {} WHERE component = 'arbiter'",
+        postgres::SCHEMA_VERSION + 1
     ))
     .await
     .expect("simulate a newer version");

@@ -5,7 +5,8 @@
 //! leasefence-arbiter-crashchild BACKEND LOCATION RESOURCE TABLE START
 //! ```
 //!
-//! BACKEND is `postgres` (LOCATION a URL), `sqlite` or `embedded` (LOCATION a
+//! BACKEND is `postgres` or `postgres-folded` (LOCATION a URL; the second
+//! folds the fence into the effect's statement), `sqlite` or `embedded` (LOCATION a
 //! file path; the arbiter must be installed and TABLE must exist for the SQL
 //! backends). For i = START, START+1, … it runs one fenced transaction with
 //! token i whose effect sets the business row `TABLE[RESOURCE] = i`, and after
@@ -105,25 +106,39 @@ fn run_embedded(a: &Args) -> Result<(), ArbiterError> {
     }
 }
 
-async fn run_postgres(a: &Args) -> Result<(), ArbiterError> {
-    let mut client = leasefence_arbiter::postgres::connect(&a.location).await?;
+async fn run_postgres(a: &Args, folded: bool) -> Result<(), ArbiterError> {
+    use leasefence_arbiter::postgres::{FencedStatement, connect, with_fence};
+    let mut client = connect(&a.location).await?;
     let sql = format!(
         "INSERT INTO {} (key, token) VALUES ($1, $2) ON CONFLICT (key) DO UPDATE SET token = excluded.token",
         a.table
     );
+    let fenced = match folded {
+        true => Some(FencedStatement::prepare(&client, &sql).await?),
+        false => None,
+    };
     let mut token = a.start;
     loop {
         let fence = Fence::new(a.resource.clone(), token);
         let value = i64::try_from(token.get()).map_err(|_| ArbiterError::Task("token above i64::MAX".into()))?;
-        // `with_fence` wants an effect that owns what it uses.
-        let (sql, key) = (sql.clone(), a.resource.to_string());
-        leasefence_arbiter::postgres::with_fence(&mut client, &fence, FenceMode::Strict, |tx| {
-            Box::pin(async move {
-                tx.execute(sql.as_str(), &[&key, &value]).await?;
-                Ok::<_, ArbiterError>(())
+        let key = a.resource.to_string();
+        if let Some(fenced) = &fenced {
+            // Inside a transaction of its own, so a kill can also land
+            // between the statement and the COMMIT.
+            let tx = client.transaction().await?;
+            fenced.execute(&tx, &fence, FenceMode::Strict, &[&key, &value]).await?;
+            tx.commit().await?;
+        } else {
+            // `with_fence` wants an effect that owns what it uses.
+            let sql = sql.clone();
+            with_fence(&mut client, &fence, FenceMode::Strict, |tx| {
+                Box::pin(async move {
+                    tx.execute(sql.as_str(), &[&key, &value]).await?;
+                    Ok::<_, ArbiterError>(())
+                })
             })
-        })
-        .await?;
+            .await?;
+        }
         ack(token)?;
         token = next(token)?;
     }
@@ -140,13 +155,13 @@ fn main() -> ExitCode {
     let result = match args.backend.as_str() {
         "sqlite" => run_sqlite(&args),
         "embedded" => run_embedded(&args),
-        "postgres" => tokio::runtime::Builder::new_current_thread()
+        pg @ ("postgres" | "postgres-folded") => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|e| ArbiterError::Task(format!("tokio runtime: {e}")))
-            .and_then(|rt| rt.block_on(run_postgres(&args))),
+            .and_then(|rt| rt.block_on(run_postgres(&args, pg == "postgres-folded"))),
         other => {
-            eprintln!("BACKEND must be postgres, sqlite or embedded, got {other:?}");
+            eprintln!("BACKEND must be postgres, postgres-folded, sqlite or embedded, got {other:?}");
             return ExitCode::from(2);
         }
     };

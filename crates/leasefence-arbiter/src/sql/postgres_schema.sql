@@ -1,4 +1,4 @@
--- leasefence arbiter schema for PostgreSQL, version 2.
+-- leasefence arbiter schema for PostgreSQL, version 3.
 --
 -- Idempotent: safe to run any number of times, concurrently too. Run it in one
 -- transaction (the Rust installer does; by hand: psql --single-transaction -f FILE).
@@ -6,7 +6,8 @@
 -- leasefence_admit names its table with that schema, so callers' search_path does
 -- not matter. (Version 1 pinned the function with `SET search_path`, which costs a
 -- configuration save and restore on every call, and put CHECK constraints on the
--- fence table; version 2 drops both.)
+-- fence table; version 2 drops both. Version 3 adds leasefence_stale, which lets a
+-- client fold the fence into its own statement.)
 --
 -- SQLSTATEs raised (class 'LF', leasefence):
 --   LF001  stale fencing token. The calling transaction is aborted, so nothing of
@@ -30,10 +31,10 @@ DECLARE
     v integer;
 BEGIN
     SELECT version INTO v FROM leasefence_schema_version WHERE component = 'arbiter';
-    IF v IS NOT NULL AND v > 2 THEN
+    IF v IS NOT NULL AND v > 3 THEN
         RAISE EXCEPTION USING
             ERRCODE = 'LF003',
-            MESSAGE = format('leasefence arbiter schema version %s is installed; this installer is version 2 and will not downgrade it', v);
+            MESSAGE = format('leasefence arbiter schema version %s is installed; this installer is version 3 and will not downgrade it', v);
     END IF;
     IF current_schema() IS NULL THEN
         RAISE EXCEPTION 'leasefence: the installer''s search_path names no existing schema to install into';
@@ -66,6 +67,25 @@ BEGIN
             DROP CONSTRAINT IF EXISTS leasefence_fences_last_token_check,
             DROP CONSTRAINT IF EXISTS leasefence_fences_mode_check;
     END IF;
+END
+$$;
+
+-- Raises LF001 for a presented token that the fence of `p_resource` (at
+-- `p_current`) does not admit. leasefence_admit raises through it, and so does the
+-- fence that a client folds into its own statement (the Rust
+-- `postgres::FencedStatement`): a CASE calls it where the rule fails. Declared to
+-- return bigint so that it fits there; it never returns.
+CREATE OR REPLACE FUNCTION leasefence_stale(p_resource text, p_presented bigint, p_current bigint)
+RETURNS bigint
+LANGUAGE plpgsql
+VOLATILE
+AS $$
+BEGIN
+    RAISE EXCEPTION USING
+        ERRCODE = 'LF001',
+        MESSAGE = format('stale fencing token for %s: presented %s, current %s', p_resource, p_presented, p_current),
+        DETAIL = format('presented=%s current=%s resource=%s', p_presented, p_current, p_resource),
+        HINT = 'a newer lease holder has acted on this resource; re-read state instead of retrying';
 END
 $$;
 
@@ -128,16 +148,12 @@ BEGIN
               OR NOT (v_current < p_token OR (p_mode = 'monotonic' AND v_current = p_token));
     END LOOP;
 
-    RAISE EXCEPTION USING
-        ERRCODE = 'LF001',
-        MESSAGE = format('stale fencing token for %s: presented %s, current %s', p_resource, p_token, v_current),
-        DETAIL = format('presented=%s current=%s resource=%s', p_token, v_current, p_resource),
-        HINT = 'a newer lease holder has acted on this resource; re-read state instead of retrying';
+    PERFORM @schema@.leasefence_stale(p_resource, p_token, v_current);
 END
 $body$
 $function$, '@schema@', quote_ident(current_schema()));
 END
 $install$;
 
-INSERT INTO leasefence_schema_version (component, version) VALUES ('arbiter', 2)
+INSERT INTO leasefence_schema_version (component, version) VALUES ('arbiter', 3)
 ON CONFLICT (component) DO UPDATE SET version = excluded.version, installed_at = now();

@@ -1,6 +1,7 @@
-//! The PostgreSQL conformance target: `leasefence_admit` inside a transaction
-//! at a chosen isolation level (sent unnamed, or through [`PreparedAdmit`]),
-//! effect tables with a random suffix.
+//! The PostgreSQL conformance target: the fence inside a transaction at a
+//! chosen isolation level (`leasefence_admit` sent unnamed, through
+//! [`PreparedAdmit`], or folded into the effect's statement by
+//! [`FencedStatement`]), effect tables with a random suffix.
 
 use deadpool_postgres::{Manager, Pool};
 use leasefence_core::{Fence, FenceMode, ResourceId, Token};
@@ -8,7 +9,7 @@ use tokio_postgres::IsolationLevel;
 
 use crate::ArbiterError;
 use crate::conformance::{ConformanceTarget, Outcome, PausePoint};
-use crate::postgres::{PreparedAdmit, admit, last_token};
+use crate::postgres::{FencedStatement, PreparedAdmit, admit, last_token};
 use crate::reject::{token_from_i64, token_to_i64};
 
 /// Connections in the target's pool. Half the racers run a transaction at
@@ -16,10 +17,18 @@ use crate::reject::{token_from_i64, token_to_i64};
 /// other test binaries) stay well inside PostgreSQL's default 100 connections.
 const POOL_SIZE: usize = crate::conformance::RACERS / 2;
 
+/// How a unit admits its fence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum AdmitPath {
+    Unnamed,
+    Prepared,
+    Folded,
+}
+
 pub struct PostgresTarget {
     pool: Pool,
     isolation: IsolationLevel,
-    prepared: bool,
+    path: AdmitPath,
     namespace: String,
     kv: String,
     history: String,
@@ -39,7 +48,7 @@ impl PostgresTarget {
         let target = PostgresTarget {
             pool,
             isolation,
-            prepared: false,
+            path: AdmitPath::Unnamed,
             namespace: super::fresh_namespace(),
             kv: format!("leasefence_check_kv_{suffix}"),
             history: format!("leasefence_check_history_{suffix}"),
@@ -61,7 +70,16 @@ impl PostgresTarget {
     /// Admits through a [`PreparedAdmit`] made from the pool's statement cache
     /// instead of the unnamed statement of [`admit`].
     pub fn with_prepared_admit(mut self) -> PostgresTarget {
-        self.prepared = true;
+        self.path = AdmitPath::Prepared;
+        self
+    }
+
+    /// Folds the fence into the unit's effect statement with a
+    /// [`FencedStatement`] (from the pool's statement cache). A paused unit
+    /// then holds its token before it starts: its one statement takes the
+    /// fence row and the effect row together.
+    pub fn with_folded_fence(mut self) -> PostgresTarget {
+        self.path = AdmitPath::Folded;
         self
     }
 
@@ -75,9 +93,18 @@ impl PostgresTarget {
         pause: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>>,
     ) -> Result<(), ArbiterError> {
         let mut client = self.pool.get().await?;
-        let prepared = match self.prepared {
-            true => Some(PreparedAdmit::prepare_cached(&client).await?),
-            false => None,
+        let kv = format!(
+            "INSERT INTO {} (resource, key, value) VALUES ($1, $2, $3)
+             ON CONFLICT (resource, key) DO UPDATE SET value = excluded.value",
+            self.kv
+        );
+        let prepared = match self.path {
+            AdmitPath::Prepared => Some(PreparedAdmit::prepare_cached(&client).await?),
+            AdmitPath::Unnamed | AdmitPath::Folded => None,
+        };
+        let folded = match self.path {
+            AdmitPath::Folded => Some(FencedStatement::prepare_cached(&client, &kv).await?),
+            AdmitPath::Unnamed | AdmitPath::Prepared => None,
         };
         let tx = client
             .build_transaction()
@@ -85,20 +112,21 @@ impl PostgresTarget {
             .start()
             .await?;
         let r = fence.resource.as_str();
-        let kv = format!(
-            "INSERT INTO {} (resource, key, value) VALUES ($1, $2, $3)
-             ON CONFLICT (resource, key) DO UPDATE SET value = excluded.value",
-            self.kv
-        );
-        // The effect goes first, so a pause inside the transaction holds an
-        // effect that the later admit must roll back.
-        tx.execute(&kv, &[&r, &key, &value]).await?;
-        if let Some(pause) = pause {
-            pause.await;
-        }
-        match &prepared {
-            Some(p) => p.admit(&tx, fence, mode).await?,
-            None => admit(&tx, fence, mode).await?,
+        if let Some(folded) = &folded {
+            // The paused variant of this path pauses before the unit (see
+            // `pause_point`), so `pause` is always `None` here.
+            folded.execute(&*tx, fence, mode, &[&r, &key, &value]).await?;
+        } else {
+            // The effect goes first, so a pause inside the transaction holds
+            // an effect that the later admit must roll back.
+            tx.execute(&kv, &[&r, &key, &value]).await?;
+            if let Some(pause) = pause {
+                pause.await;
+            }
+            match &prepared {
+                Some(p) => p.admit(&tx, fence, mode).await?,
+                None => admit(&tx, fence, mode).await?,
+            }
         }
         let token = token_to_i64("postgres", fence.token)?;
         let h = format!(
@@ -129,7 +157,10 @@ impl ConformanceTarget for PostgresTarget {
     }
 
     fn pause_point(&self) -> PausePoint {
-        PausePoint::InsideTransaction
+        match self.path {
+            AdmitPath::Folded => PausePoint::HoldingToken,
+            AdmitPath::Unnamed | AdmitPath::Prepared => PausePoint::InsideTransaction,
+        }
     }
 
     async fn admit_and_write(
@@ -154,6 +185,10 @@ impl ConformanceTarget for PostgresTarget {
     where
         P: std::future::Future<Output = ()> + Send,
     {
+        if self.path == AdmitPath::Folded {
+            pause.await;
+            return self.write(fence, mode, key, value, Outcome::Commit, None).await;
+        }
         self.write(fence, mode, key, value, Outcome::Commit, Some(Box::pin(pause)))
             .await
     }
