@@ -4,8 +4,9 @@
 //! through the Functions library and through the native module.
 //!
 //! Plain is the business write alone; fenced is the same write plus the
-//! arbiter (`leasefence_admit` in the same transaction; `FCALL leasefence_set`
-//! instead of `SET`). Each client has its own connection, its own fence key and
+//! arbiter (PostgreSQL: the fence folded into the write's statement, or
+//! admitted by a second, pipelined one, in the same transaction; Redis:
+//! `FCALL leasefence_set` or `LEASEFENCE.SET` instead of `SET`). Each client has its own connection, its own fence key and
 //! row, and one operation in flight; `iter_custom` splits N operations across
 //! the clients on a multi-thread runtime and reports wall time. At the end a
 //! side-by-side summary prints ops/s and the ratio fenced/plain, measured in

@@ -1,25 +1,40 @@
 //! PostgreSQL: a transaction that upserts one business row, with and without
-//! `leasefence_admit` (through `postgres::PreparedAdmit::admit_pipelined`, the
-//! prepared admit sent together with the upsert). At 8 clients also, as a
-//! reference, the cheapest hand-written SQL fence: a prepared
-//! `UPDATE fence SET last = $2 WHERE key = $1 AND last < $2`, pipelined the
-//! same way, on a table of the bench's own (no first-admit insert, no typed
-//! rejection). It shows what any fence row costs in the same run.
+//! the fence, two ways: `postgres::FencedStatement` (the fence folded into the
+//! upsert: one statement) and `postgres::PreparedAdmit::admit_pipelined` (the
+//! prepared admit sent together with the upsert: two statements). At 8
+//! clients also, as a reference, the cheapest hand-written second statement:
+//! a prepared `UPDATE fence SET last = $2 WHERE key = $1 AND last < $2`,
+//! pipelined the same way, on a table of the bench's own (no first-admit
+//! insert, no typed rejection). It shows what a second statement costs in the
+//! same run.
 
 use criterion::Criterion;
-use leasefence_arbiter::postgres::{self, PreparedAdmit};
+use leasefence_arbiter::postgres::{self, FencedStatement, PreparedAdmit};
 use leasefence_arbiter::{Fence, FenceMode, ResourceId, Token};
 use tokio::runtime::Runtime;
 use tokio_postgres::{Client, Statement};
 
 use crate::driver::{Summary, Worker, compare};
 
+/// What the fenced side of a worker runs.
+enum Fenced {
+    Folded(FencedStatement),
+    Pipelined(PreparedAdmit),
+    /// The reference: a hand-written fence `UPDATE`, pipelined.
+    BareUpdate(Statement),
+}
+
+#[derive(Clone, Copy)]
+enum Variant {
+    Folded,
+    Pipelined,
+    BareUpdate,
+}
+
 pub struct PgWorker {
     client: Client,
     upsert: Statement,
-    admit: PreparedAdmit,
-    /// Set for the reference workers: their fenced side runs this instead.
-    bare_update: Option<Statement>,
+    fenced: Fenced,
     key: String,
     resource: ResourceId,
     token: u64,
@@ -31,29 +46,41 @@ impl Worker for PgWorker {
         let value = self.token as i64;
         let tx = self.client.transaction().await.expect("BEGIN");
         let upsert = async { tx.execute(&self.upsert, &[&self.key, &value]).await };
-        if let (true, Some(bare)) = (fenced, &self.bare_update) {
-            let fence = async { tx.execute(bare, &[&self.key, &value]).await };
-            let (f, u) = tokio::join!(biased; fence, upsert);
-            assert_eq!(f.expect("bare fence update"), 1, "the bare fence admits every token");
-            u.expect("upsert");
-        } else if fenced {
-            // The recommended fast path: the admit pipelined with the effect's
-            // statement, so a fenced transaction costs no extra round trip.
-            let token = Token::new(self.token).expect("tokens start at 1");
-            let fence = Fence::new(self.resource.clone(), token);
-            let upsert = async { upsert.await.map_err(leasefence_arbiter::ArbiterError::from) };
-            self.admit
-                .admit_pipelined(&tx, &fence, FenceMode::Strict, upsert)
-                .await
-                .expect("admit + upsert");
-        } else {
-            upsert.await.expect("upsert");
+        let token = Token::new(self.token).expect("tokens start at 1");
+        let fence = Fence::new(self.resource.clone(), token);
+        match (fenced, &self.fenced) {
+            (false, _) => {
+                upsert.await.expect("upsert");
+            }
+            (true, Fenced::Folded(statement)) => {
+                drop(upsert);
+                let n = statement
+                    .execute(&tx, &fence, FenceMode::Strict, &[&self.key, &value])
+                    .await
+                    .expect("fenced upsert");
+                assert_eq!(n, 1, "the upsert writes its row");
+            }
+            (true, Fenced::Pipelined(admit)) => {
+                // The admit pipelined with the effect's statement, so a fenced
+                // transaction costs no extra round trip.
+                let upsert = async { upsert.await.map_err(leasefence_arbiter::ArbiterError::from) };
+                admit
+                    .admit_pipelined(&tx, &fence, FenceMode::Strict, upsert)
+                    .await
+                    .expect("admit + upsert");
+            }
+            (true, Fenced::BareUpdate(bare)) => {
+                let fence = async { tx.execute(bare, &[&self.key, &value]).await };
+                let (f, u) = tokio::join!(biased; fence, upsert);
+                assert_eq!(f.expect("bare fence update"), 1, "the bare fence admits every token");
+                u.expect("upsert");
+            }
         }
         tx.commit().await.expect("COMMIT");
     }
 }
 
-async fn workers(url: &str, table: &str, prefix: &str, n: usize, bare: bool) -> Vec<PgWorker> {
+async fn workers(url: &str, table: &str, prefix: &str, n: usize, variant: Variant) -> Vec<PgWorker> {
     let mut out = Vec::with_capacity(n);
     for i in 0..out.capacity() {
         let client = postgres::connect(url).await.expect("connect");
@@ -61,23 +88,32 @@ async fn workers(url: &str, table: &str, prefix: &str, n: usize, bare: bool) -> 
             "INSERT INTO {table} (key, val) VALUES ($1, $2) ON CONFLICT (key) DO UPDATE SET val = excluded.val"
         );
         let upsert = client.prepare(&sql).await.expect("prepare");
-        let admit = PreparedAdmit::prepare(&client).await.expect("prepare admit");
-        let name = if bare { "bare" } else { "lib" };
-        let key = format!("{prefix}{name}/{n}/{i}");
-        let bare_update = match bare {
-            true => {
-                let insert = format!("INSERT INTO {table}_fence (key, last) VALUES ($1, 0)");
-                client.execute(&insert, &[&key]).await.expect("reference fence row");
-                let update = format!("UPDATE {table}_fence SET last = $2 WHERE key = $1 AND last < $2");
-                Some(client.prepare(&update).await.expect("prepare"))
+        let (name, fenced) = match variant {
+            Variant::Folded => {
+                let statement = FencedStatement::prepare(&client, &sql).await.expect("prepare fenced");
+                ("folded", Fenced::Folded(statement))
             }
-            false => None,
+            Variant::Pipelined => {
+                let admit = PreparedAdmit::prepare(&client).await.expect("prepare admit");
+                ("pipelined", Fenced::Pipelined(admit))
+            }
+            Variant::BareUpdate => {
+                let update = format!("UPDATE {table}_fence SET last = $2 WHERE key = $1 AND last < $2");
+                (
+                    "bare",
+                    Fenced::BareUpdate(client.prepare(&update).await.expect("prepare")),
+                )
+            }
         };
+        let key = format!("{prefix}{name}/{n}/{i}");
+        if let Variant::BareUpdate = variant {
+            let insert = format!("INSERT INTO {table}_fence (key, last) VALUES ($1, 0)");
+            client.execute(&insert, &[&key]).await.expect("reference fence row");
+        }
         out.push(PgWorker {
             client,
             upsert,
-            admit,
-            bare_update,
+            fenced,
             resource: ResourceId::new(&key).expect("valid resource"),
             key,
             token: 0,
@@ -100,12 +136,14 @@ pub fn bench(c: &mut Criterion, rt: &Runtime, url: &str, summary: &mut Summary) 
         admin.batch_execute(&ddl).await.expect("create table");
         admin
     });
-    for (clients, bare, name) in [
-        (1, false, "postgres"),
-        (8, false, "postgres"),
-        (8, true, "postgres-bare-update"),
+    for (clients, variant, name) in [
+        (1, Variant::Folded, "postgres"),
+        (8, Variant::Folded, "postgres"),
+        (1, Variant::Pipelined, "postgres-pipelined-admit"),
+        (8, Variant::Pipelined, "postgres-pipelined-admit"),
+        (8, Variant::BareUpdate, "postgres-bare-update"),
     ] {
-        let mut w = rt.block_on(workers(url, &table, &prefix, clients, bare));
+        let mut w = rt.block_on(workers(url, &table, &prefix, clients, variant));
         compare(c, rt, name, "tx", &mut w, summary);
     }
     rt.block_on(async {

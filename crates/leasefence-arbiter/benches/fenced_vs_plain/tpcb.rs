@@ -1,11 +1,12 @@
 //! PostgreSQL with a realistic transaction: pgbench's TPC-B-like script
 //! (three UPDATEs, a SELECT and an INSERT), scale 8 (8 branches, 80 tellers,
 //! 800,000 accounts), each client on its own branch as pgbench recommends for
-//! 8 clients. Fenced adds `leasefence_admit('branch/N', token)` through
-//! `postgres::PreparedAdmit`, pipelined with the first UPDATE. Tables get a random suffix and are dropped after.
+//! 8 clients. Fenced adds the fence of `branch/N` to the first UPDATE, folded
+//! into it (`postgres::FencedStatement`) or as `postgres::PreparedAdmit`
+//! pipelined with it. Tables get a random suffix and are dropped after.
 
 use criterion::Criterion;
-use leasefence_arbiter::postgres::{self, PreparedAdmit};
+use leasefence_arbiter::postgres::{self, FencedStatement, PreparedAdmit};
 use leasefence_arbiter::{Fence, FenceMode, ResourceId, Token};
 use tokio::runtime::Runtime;
 use tokio_postgres::{Client, Statement};
@@ -16,10 +17,16 @@ const BRANCHES: i32 = 8;
 const TELLERS_PER_BRANCH: i32 = 10;
 const ACCOUNTS_PER_BRANCH: i32 = 100_000;
 
+/// The fenced side's first UPDATE.
+enum Fenced {
+    Folded(FencedStatement),
+    Pipelined(PreparedAdmit),
+}
+
 pub struct TpcbWorker {
     client: Client,
     statements: [Statement; 5],
-    admit: PreparedAdmit,
+    fenced: Fenced,
     branch: i32,
     resource: ResourceId,
     token: u64,
@@ -56,17 +63,25 @@ impl Worker for TpcbWorker {
                 .await
                 .map_err(leasefence_arbiter::ArbiterError::from)
         };
-        if fenced {
-            let fence = Fence::new(
-                self.resource.clone(),
-                Token::new(self.token).expect("tokens start at 1"),
-            );
-            self.admit
-                .admit_pipelined(&tx, &fence, FenceMode::Strict, first)
-                .await
-                .expect("admit + update account");
-        } else {
-            first.await.expect("update account");
+        let token = Token::new(self.token).expect("tokens start at 1");
+        let fence = Fence::new(self.resource.clone(), token);
+        match (fenced, &self.fenced) {
+            (false, _) => {
+                first.await.expect("update account");
+            }
+            (true, Fenced::Folded(update)) => {
+                drop(first);
+                update
+                    .execute(&tx, &fence, FenceMode::Strict, &[&delta, &aid])
+                    .await
+                    .expect("fenced update account");
+            }
+            (true, Fenced::Pipelined(admit)) => {
+                admit
+                    .admit_pipelined(&tx, &fence, FenceMode::Strict, first)
+                    .await
+                    .expect("admit + update account");
+            }
         }
         let _: i32 = tx.query_one(select_account, &[&aid]).await.expect("select").get(0);
         tx.execute(update_teller, &[&delta, &tid]).await.expect("update teller");
@@ -78,12 +93,12 @@ impl Worker for TpcbWorker {
     }
 }
 
-async fn workers(url: &str, suffix: &str, prefix: &str, n: usize) -> Vec<TpcbWorker> {
+async fn workers(url: &str, suffix: &str, prefix: &str, n: usize, folded: bool) -> Vec<TpcbWorker> {
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
         let client = postgres::connect(url).await.expect("connect");
         let mut statements = Vec::with_capacity(5);
-        for sql in [
+        let sqls = [
             format!("UPDATE tpcb_accounts_{suffix} SET abalance = abalance + $1 WHERE aid = $2"),
             format!("SELECT abalance FROM tpcb_accounts_{suffix} WHERE aid = $1"),
             format!("UPDATE tpcb_tellers_{suffix} SET tbalance = tbalance + $1 WHERE tid = $2"),
@@ -91,19 +106,31 @@ async fn workers(url: &str, suffix: &str, prefix: &str, n: usize) -> Vec<TpcbWor
             format!(
                 "INSERT INTO tpcb_history_{suffix} (tid, bid, aid, delta, mtime) VALUES ($1, $2, $3, $4, CURRENT_TIMESTAMP)"
             ),
-        ] {
-            statements.push(client.prepare(&sql).await.expect("prepare"));
+        ];
+        for sql in &sqls {
+            statements.push(client.prepare(sql).await.expect("prepare"));
         }
-        let admit = PreparedAdmit::prepare(&client).await.expect("prepare admit");
+        let (variant, fenced) = match folded {
+            true => {
+                let update = FencedStatement::prepare(&client, &sqls[0])
+                    .await
+                    .expect("prepare fenced");
+                ("folded", Fenced::Folded(update))
+            }
+            false => {
+                let admit = PreparedAdmit::prepare(&client).await.expect("prepare admit");
+                ("pipelined", Fenced::Pipelined(admit))
+            }
+        };
         let branch = (i as i32 % BRANCHES) + 1;
         out.push(TpcbWorker {
             client,
             statements: statements
                 .try_into()
                 .unwrap_or_else(|_| unreachable!("five statements")),
-            admit,
+            fenced,
             branch,
-            resource: ResourceId::new(&format!("{prefix}{n}/branch/{branch}")).expect("valid resource"),
+            resource: ResourceId::new(&format!("{prefix}{variant}/{n}/branch/{branch}")).expect("valid resource"),
             token: 0,
             rng: 0x9E37_79B9_7F4A_7C15 ^ (i as u64 + 1),
         });
@@ -142,9 +169,14 @@ pub fn bench(c: &mut Criterion, rt: &Runtime, url: &str, summary: &mut Summary) 
             .expect("vacuum");
         admin
     });
-    for clients in [1, BRANCHES as usize] {
-        let mut w = rt.block_on(workers(url, &suffix, &prefix, clients));
-        compare(c, rt, "postgres-tpcb", "tx", &mut w, summary);
+    let clients = BRANCHES as usize;
+    for (clients, folded, name) in [
+        (1, true, "postgres-tpcb"),
+        (clients, true, "postgres-tpcb"),
+        (clients, false, "postgres-tpcb-pipelined-admit"),
+    ] {
+        let mut w = rt.block_on(workers(url, &suffix, &prefix, clients, folded));
+        compare(c, rt, name, "tx", &mut w, summary);
     }
     rt.block_on(async {
         admin
