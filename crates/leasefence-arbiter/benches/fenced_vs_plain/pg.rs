@@ -45,15 +45,14 @@ impl Worker for PgWorker {
         self.token += 1;
         let value = self.token as i64;
         let tx = self.client.transaction().await.expect("BEGIN");
-        let upsert = async { tx.execute(&self.upsert, &[&self.key, &value]).await };
+        let upsert = || async { tx.execute(&self.upsert, &[&self.key, &value]).await };
         let token = Token::new(self.token).expect("tokens start at 1");
         let fence = Fence::new(self.resource.clone(), token);
         match (fenced, &self.fenced) {
             (false, _) => {
-                upsert.await.expect("upsert");
+                upsert().await.expect("upsert");
             }
             (true, Fenced::Folded(statement)) => {
-                drop(upsert);
                 let n = statement
                     .execute(&tx, &fence, FenceMode::Strict, &[&self.key, &value])
                     .await
@@ -63,7 +62,7 @@ impl Worker for PgWorker {
             (true, Fenced::Pipelined(admit)) => {
                 // The admit pipelined with the effect's statement, so a fenced
                 // transaction costs no extra round trip.
-                let upsert = async { upsert.await.map_err(leasefence_arbiter::ArbiterError::from) };
+                let upsert = async { upsert().await.map_err(leasefence_arbiter::ArbiterError::from) };
                 admit
                     .admit_pipelined(&tx, &fence, FenceMode::Strict, upsert)
                     .await
@@ -71,7 +70,7 @@ impl Worker for PgWorker {
             }
             (true, Fenced::BareUpdate(bare)) => {
                 let fence = async { tx.execute(bare, &[&self.key, &value]).await };
-                let (f, u) = tokio::join!(biased; fence, upsert);
+                let (f, u) = tokio::join!(biased; fence, upsert());
                 assert_eq!(f.expect("bare fence update"), 1, "the bare fence admits every token");
                 u.expect("upsert");
             }

@@ -58,7 +58,7 @@ impl Worker for TpcbWorker {
             insert_history,
         ] = &self.statements;
         let tx = self.client.transaction().await.expect("BEGIN");
-        let first = async {
+        let first = || async {
             tx.execute(update_account, &[&delta, &aid])
                 .await
                 .map_err(leasefence_arbiter::ArbiterError::from)
@@ -67,10 +67,9 @@ impl Worker for TpcbWorker {
         let fence = Fence::new(self.resource.clone(), token);
         match (fenced, &self.fenced) {
             (false, _) => {
-                first.await.expect("update account");
+                first().await.expect("update account");
             }
             (true, Fenced::Folded(update)) => {
-                drop(first);
                 update
                     .execute(&tx, &fence, FenceMode::Strict, &[&delta, &aid])
                     .await
@@ -78,7 +77,7 @@ impl Worker for TpcbWorker {
             }
             (true, Fenced::Pipelined(admit)) => {
                 admit
-                    .admit_pipelined(&tx, &fence, FenceMode::Strict, first)
+                    .admit_pipelined(&tx, &fence, FenceMode::Strict, first())
                     .await
                     .expect("admit + update account");
             }

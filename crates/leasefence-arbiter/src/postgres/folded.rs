@@ -148,8 +148,8 @@ fn keyword_at(sql: &str, i: usize, keyword: &str) -> Option<usize> {
 /// with SQLSTATE 40P01, which is safe and retryable.
 #[derive(Clone, Debug)]
 pub struct FencedStatement {
+    /// The caller's parameters, then the fence's three.
     statement: Statement,
-    user_params: usize,
 }
 
 impl FencedStatement {
@@ -160,10 +160,7 @@ impl FencedStatement {
         let user = client.prepare(sql).await?;
         let folded = fold_fence(sql, user.params().len())?;
         let statement = client.prepare(&folded).await.map_err(|e| cannot_fold(sql, e))?;
-        Ok(FencedStatement {
-            user_params: user.params().len(),
-            statement,
-        })
+        Ok(FencedStatement { statement })
     }
 
     /// The same from a deadpool object's statement cache: cheap to call
@@ -175,10 +172,7 @@ impl FencedStatement {
         let user = client.prepare_cached(sql).await?;
         let folded = fold_fence(sql, user.params().len())?;
         let statement = client.prepare_cached(&folded).await.map_err(|e| cannot_fold(sql, e))?;
-        Ok(FencedStatement {
-            user_params: user.params().len(),
-            statement,
-        })
+        Ok(FencedStatement { statement })
     }
 
     /// The prepared statement, fence included (its last three parameters).
@@ -222,16 +216,11 @@ impl FencedStatement {
         mode: FenceMode,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<(&'f str, i64, &'static str), ArbiterError> {
-        if params.len() != self.user_params {
-            return Err(Invalid::new(
-                "params",
-                format!(
-                    "the statement takes {} parameters, {} were given",
-                    self.user_params,
-                    params.len()
-                ),
-            )
-            .into());
+        let takes = self.statement.params().len().saturating_sub(3);
+        if params.len() != takes {
+            let given = params.len();
+            let message = format!("the statement takes {takes} parameters, {given} were given");
+            return Err(Invalid::new("params", message).into());
         }
         Ok((
             fence.resource.as_str(),

@@ -25,6 +25,13 @@ enum AdmitPath {
     Folded,
 }
 
+/// [`AdmitPath`] with what it prepared on the unit's connection.
+enum Admission {
+    Unnamed,
+    Prepared(PreparedAdmit),
+    Folded(FencedStatement),
+}
+
 pub struct PostgresTarget {
     pool: Pool,
     isolation: IsolationLevel,
@@ -90,21 +97,25 @@ impl PostgresTarget {
         key: &str,
         value: &str,
         outcome: Outcome,
-        pause: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>>,
+        mut pause: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>>,
     ) -> Result<(), ArbiterError> {
+        // The pause falls where `pause_point` says: here, before the unit,
+        // or below, inside the transaction after the effect.
+        if self.pause_point() == PausePoint::HoldingToken
+            && let Some(pause) = pause.take()
+        {
+            pause.await;
+        }
         let mut client = self.pool.get().await?;
         let kv = format!(
             "INSERT INTO {} (resource, key, value) VALUES ($1, $2, $3)
              ON CONFLICT (resource, key) DO UPDATE SET value = excluded.value",
             self.kv
         );
-        let prepared = match self.path {
-            AdmitPath::Prepared => Some(PreparedAdmit::prepare_cached(&client).await?),
-            AdmitPath::Unnamed | AdmitPath::Folded => None,
-        };
-        let folded = match self.path {
-            AdmitPath::Folded => Some(FencedStatement::prepare_cached(&client, &kv).await?),
-            AdmitPath::Unnamed | AdmitPath::Prepared => None,
+        let admission = match self.path {
+            AdmitPath::Unnamed => Admission::Unnamed,
+            AdmitPath::Prepared => Admission::Prepared(PreparedAdmit::prepare_cached(&client).await?),
+            AdmitPath::Folded => Admission::Folded(FencedStatement::prepare_cached(&client, &kv).await?),
         };
         let tx = client
             .build_transaction()
@@ -112,10 +123,8 @@ impl PostgresTarget {
             .start()
             .await?;
         let r = fence.resource.as_str();
-        if let Some(folded) = &folded {
-            // The paused variant of this path pauses before the unit (see
-            // `pause_point`), so `pause` is always `None` here.
-            folded.execute(&*tx, fence, mode, &[&r, &key, &value]).await?;
+        if let Admission::Folded(statement) = &admission {
+            statement.execute(&*tx, fence, mode, &[&r, &key, &value]).await?;
         } else {
             // The effect goes first, so a pause inside the transaction holds
             // an effect that the later admit must roll back.
@@ -123,9 +132,10 @@ impl PostgresTarget {
             if let Some(pause) = pause {
                 pause.await;
             }
-            match &prepared {
-                Some(p) => p.admit(&tx, fence, mode).await?,
-                None => admit(&tx, fence, mode).await?,
+            if let Admission::Prepared(p) = &admission {
+                p.admit(&tx, fence, mode).await?;
+            } else {
+                admit(&tx, fence, mode).await?;
             }
         }
         let token = token_to_i64("postgres", fence.token)?;
@@ -185,10 +195,6 @@ impl ConformanceTarget for PostgresTarget {
     where
         P: std::future::Future<Output = ()> + Send,
     {
-        if self.path == AdmitPath::Folded {
-            pause.await;
-            return self.write(fence, mode, key, value, Outcome::Commit, None).await;
-        }
         self.write(fence, mode, key, value, Outcome::Commit, Some(Box::pin(pause)))
             .await
     }
