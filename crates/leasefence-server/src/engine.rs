@@ -3,13 +3,21 @@
 //!
 //! Every call takes the lock, reads the clock, runs the pure machine, submits
 //! the resulting mutations to the group-commit writer *in order, under the
-//! lock*, and releases the lock; only then does it wait for durability and
-//! answer. Since the writer applies mutations in submission order, waiting for
-//! the last mutation a call submitted means everything before it is durable
-//! too: an answered grant is always on disk.
+//! lock*, notes the writer's last sequence number (the call's *barrier*), and
+//! releases the lock; only then does it wait for the barrier to be durable and
+//! answer. Since the writer applies mutations in sequence order, everything
+//! the call saw is on disk by the time it answers — whatever it answers: a
+//! grant, a release, a busy refusal naming a holder, a status. Watch events
+//! are staged with their sequence number and published by the hub only once
+//! the writer's watermark passes it.
 //!
 //! Expiries are driven by a reaper task that sleeps until the machine's next
-//! deadline (a heap in the core, not a scan of all resources).
+//! deadline (a heap in the core, not a scan of all resources). Every call that
+//! moves that deadline earlier than the one the reaper sleeps for wakes it.
+//!
+//! A failed commit is fatal: from then on every call answers a storage error,
+//! and [`Engine::store_failed`] resolves so that the server can stop (and its
+//! supervisor restart it from what is on disk).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -19,26 +27,29 @@ use leasefence_core::{
     AcquireOutcome, AcquireRequest, Config, Coordinator, Effect, Grant, Holder, LeaseError, LeaseId, MonoTime,
     Mutation, ReleaseCause, ResourceId, ResourceStatus, StoredResource, Token, WaiterId,
 };
-use leasefence_store::{Committer, StoreError};
+use leasefence_store::{Committer, Seq, StoreError};
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
-use crate::watch::{Event, EventKind, Filter, Hub, WatchError};
+use crate::watch::{EventKind, Filter, Hub, WatchError};
 use crate::{ApiError, metrics};
 
-type Receipt = oneshot::Receiver<Result<(), StoreError>>;
 type WaiterReply = oneshot::Sender<Result<Grant, ApiError>>;
 
 struct Inner {
     machine: Coordinator,
     waiters: HashMap<WaiterId, WaiterReply>,
-    hub: Hub,
     stopped: bool,
+    /// The deadline the reaper sleeps until (`None`: it sleeps without one).
+    reaper_at: Option<MonoTime>,
 }
 
 /// The shared state of a running coordinator.
 pub struct Engine {
     inner: Mutex<Inner>,
+    /// Locked after `inner` when both are held, never before.
+    hub: Arc<Mutex<Hub>>,
+    hub_id: String,
     committer: Committer,
     origin: Instant,
     wait_max: Duration,
@@ -56,7 +67,8 @@ pub struct Acquire {
 
 impl Engine {
     /// Recovers the machine from `records` (leases held before a restart count
-    /// as held for a full TTL from now) and starts the reaper.
+    /// as held for a full TTL from now) and starts the reaper and the task
+    /// that publishes watch events as they become durable.
     pub fn start(
         config: Config,
         wait_max: Duration,
@@ -64,14 +76,18 @@ impl Engine {
         records: Vec<StoredResource>,
     ) -> Arc<Engine> {
         let machine = Coordinator::recover(config, MonoTime::ZERO, records);
-        let hub = Hub::new(coordinator_id());
+        let hub_id = coordinator_id();
+        let hub = Arc::new(Mutex::new(Hub::new(hub_id.clone())));
+        tokio::spawn(publish_durable(hub.clone(), committer.watermark()));
         let engine = Arc::new(Engine {
             inner: Mutex::new(Inner {
                 machine,
                 waiters: HashMap::new(),
-                hub,
                 stopped: false,
+                reaper_at: None,
             }),
+            hub,
+            hub_id,
             committer,
             origin: Instant::now(),
             wait_max,
@@ -93,6 +109,31 @@ impl Engine {
 
     pub fn config(&self) -> Config {
         self.lock().machine.config().clone()
+    }
+
+    /// `Ok` while the engine answers calls; the storage error once a commit failed.
+    pub fn health(&self) -> Result<(), ApiError> {
+        match self.committer.failure() {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+
+    /// Resolves with the error once a commit has failed (never, otherwise).
+    pub fn store_failed(&self) -> impl std::future::Future<Output = StoreError> + Send + 'static {
+        let mut mark = self.committer.watermark();
+        async move {
+            let failed = mark
+                .wait_for(|d| d.failed.is_some())
+                .await
+                .ok()
+                .and_then(|d| d.failed.clone());
+            match failed {
+                Some(e) => e,
+                // The writer is gone without failing: the engine was dropped.
+                None => std::future::pending().await,
+            }
+        }
     }
 
     /// Stops accepting calls, answers queued acquires with "shutting down",
@@ -118,21 +159,30 @@ impl Engine {
         }
     }
 
-    /// Subscribes to transitions: the backlog after `after`, then live events.
+    /// Subscribes to durable transitions: the backlog after `after`, then live
+    /// events. Takes only the hub's lock, never the engine's.
     pub fn watch(&self, filter: &Filter, after: Option<u64>, coordinator_id: &str) -> Result<Subscription, WatchError> {
-        let inner = self.lock();
-        let (backlog, live) = inner.hub.subscribe(filter, after, coordinator_id)?;
+        if let Err(e) = self.health() {
+            return Err(WatchError::Unavailable(e.to_string()));
+        }
+        let (backlog, live) = lock(&self.hub).subscribe(filter, after, coordinator_id)?;
         Ok(Subscription {
-            coordinator_id: inner.hub.id().to_string(),
+            coordinator_id: self.hub_id.clone(),
             backlog,
             live,
         })
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        // A panic while holding the lock would be a bug in the core's
-        // assertions; the state it guards is still the last consistent one.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.inner)
+    }
+
+    /// Refuses calls once stopping or after a failed commit.
+    fn live(&self, inner: &Inner) -> Result<(), ApiError> {
+        if inner.stopped {
+            return Err(ApiError::ShuttingDown);
+        }
+        self.health()
     }
 
     pub async fn acquire(self: &Arc<Self>, req: Acquire) -> Result<Grant, ApiError> {
@@ -146,13 +196,9 @@ impl Engine {
         }
         let lease_id = fresh_lease_id()?;
         let resource = req.resource.clone();
-        let (outcome, receipt, waiter_rx) = {
+        let (outcome, barrier, waiter_rx) = {
             let mut inner = self.lock();
-            if inner.stopped {
-                return Err(ApiError::ShuttingDown);
-            }
-            let now = self.now();
-            let before = inner.machine.next_deadline();
+            self.live(&inner)?;
             let machine_req = AcquireRequest {
                 resource: req.resource,
                 holder: req.holder,
@@ -160,28 +206,20 @@ impl Engine {
                 lease_id,
                 wait: !req.wait.is_zero(),
             };
-            let outcome = inner.machine.acquire(now, machine_req);
-            let receipt = self.dispatch(&mut inner);
+            let outcome = inner.machine.acquire(self.now(), machine_req);
             let mut waiter_rx = None;
             if let Ok(AcquireOutcome::Queued(id)) = &outcome {
                 let (tx, rx) = oneshot::channel();
                 inner.waiters.insert(*id, tx);
                 waiter_rx = Some(rx);
             }
-            if inner.machine.next_deadline() != before {
-                self.reaper.notify_one();
-            }
-            (outcome, receipt, waiter_rx)
+            (outcome, self.settle(&mut inner), waiter_rx)
         };
+        // A grant, and equally a busy answer naming a holder, waits for the disk.
+        self.durable(barrier).await?;
         match (outcome?, waiter_rx) {
-            (AcquireOutcome::Granted(grant), _) => {
-                durable(receipt).await?;
-                Ok(grant)
-            }
-            (AcquireOutcome::Queued(id), Some(rx)) => {
-                durable(receipt).await?;
-                self.wait_for_grant(resource, id, req.wait, rx).await
-            }
+            (AcquireOutcome::Granted(grant), _) => Ok(grant),
+            (AcquireOutcome::Queued(id), Some(rx)) => self.wait_for_grant(resource, id, req.wait, rx).await,
             (AcquireOutcome::Queued(_), None) => Err(ApiError::ShuttingDown),
         }
     }
@@ -206,17 +244,17 @@ impl Engine {
                 let busy = {
                     let mut inner = self.lock();
                     // Settle expiries first: a lease that ended just now goes to its waiter.
-                    inner.machine.advance(self.now());
-                    drop(self.dispatch(&mut inner));
-                    if inner.machine.cancel_waiter(&resource, id) {
+                    let now = self.now();
+                    inner.machine.advance(now);
+                    let busy = inner.machine.cancel_waiter(&resource, id).then(|| {
                         inner.waiters.remove(&id);
-                        Some(busy_error(&inner.machine.status(self.now(), &resource)))
-                    } else {
-                        None
-                    }
+                        busy_error(&inner.machine.status(now, &resource))
+                    });
+                    busy.map(|busy| (busy, self.settle(&mut inner)))
                 };
-                if let Some(busy) = busy {
+                if let Some((busy, barrier)) = busy {
                     guard.armed = false;
+                    self.durable(barrier).await?;
                     return Err(busy);
                 }
                 // Granted at the last moment: its answer is on its way.
@@ -227,64 +265,95 @@ impl Engine {
         answer.unwrap_or(Err(ApiError::ShuttingDown))
     }
 
-    pub fn renew(self: &Arc<Self>, resource: &ResourceId, lease_id: &LeaseId) -> Result<Grant, ApiError> {
-        let mut inner = self.lock();
-        if inner.stopped {
-            return Err(ApiError::ShuttingDown);
+    /// Extends a lease. Renewals are not persisted; a refusal (the lease was
+    /// lost) waits for what the call persisted, such as that lease's expiry.
+    pub async fn renew(self: &Arc<Self>, resource: &ResourceId, lease_id: &LeaseId) -> Result<Grant, ApiError> {
+        let (result, barrier) = {
+            let mut inner = self.lock();
+            self.live(&inner)?;
+            let result = inner.machine.renew(self.now(), resource, lease_id);
+            (result, self.settle(&mut inner))
+        };
+        match result {
+            Ok(grant) => {
+                metrics::renewal();
+                Ok(grant)
+            }
+            Err(e) => {
+                self.durable(barrier).await?;
+                Err(e.into())
+            }
         }
-        let now = self.now();
-        let result = inner.machine.renew(now, resource, lease_id);
-        // Renewals are not persisted, but advancing time may have expired others.
-        drop(self.dispatch(&mut inner));
-        if result.is_ok() {
-            metrics::renewal();
-        }
-        Ok(result?)
     }
 
     pub async fn release(self: &Arc<Self>, resource: &ResourceId, lease_id: &LeaseId) -> Result<Token, ApiError> {
-        let (result, receipt) = {
+        let (result, barrier) = {
             let mut inner = self.lock();
-            if inner.stopped {
-                return Err(ApiError::ShuttingDown);
-            }
-            let now = self.now();
-            let result = inner.machine.release(now, resource, lease_id);
-            (result, self.dispatch(&mut inner))
+            self.live(&inner)?;
+            let result = inner.machine.release(self.now(), resource, lease_id);
+            (result, self.settle(&mut inner))
         };
-        let token = result?;
-        durable(receipt).await?;
-        Ok(token)
+        // Also when the release handed the resource to a waiter at once.
+        self.durable(barrier).await?;
+        Ok(result?)
     }
 
-    pub fn status(&self, resource: &ResourceId) -> ResourceStatus {
-        self.lock().machine.status(self.now(), resource)
+    /// The resource as it is on disk now: expiries due are persisted first,
+    /// and the answer waits until everything it reflects is durable.
+    pub async fn status(self: &Arc<Self>, resource: &ResourceId) -> Result<ResourceStatus, ApiError> {
+        let (status, barrier) = {
+            let mut inner = self.lock();
+            self.live(&inner)?;
+            let now = self.now();
+            inner.machine.advance(now);
+            let status = inner.machine.status(now, resource);
+            (status, self.settle(&mut inner))
+        };
+        self.durable(barrier).await?;
+        Ok(status)
     }
 
-    /// Expires what is due now. Returns the next deadline.
+    /// Expires what is due now and arms the reaper for the next deadline.
     fn reap_due(self: &Arc<Self>) -> Option<MonoTime> {
         let mut inner = self.lock();
-        let now = self.now();
-        inner.machine.advance(now);
-        drop(self.dispatch(&mut inner));
-        inner.machine.next_deadline()
+        inner.machine.advance(self.now());
+        self.dispatch(&mut inner);
+        let next = inner.machine.next_deadline();
+        inner.reaper_at = next;
+        next
     }
 
-    /// Executes the machine's effects in order, under the lock. Returns the
-    /// receipt of the last mutation not handed to a woken waiter: the caller's
-    /// own mutation or a later one.
-    fn dispatch(self: &Arc<Self>, inner: &mut Inner) -> Option<Receipt> {
-        let mut last: Option<Receipt> = None;
+    /// Ends a call under the lock: executes its effects, wakes the reaper if
+    /// the next deadline moved earlier than the one it sleeps for, and returns
+    /// the barrier the call must see durable before it answers.
+    fn settle(self: &Arc<Self>, inner: &mut Inner) -> Seq {
+        self.dispatch(inner);
+        let next = inner.machine.next_deadline();
+        let earlier = match (next, inner.reaper_at) {
+            (Some(next), Some(armed)) => next < armed,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        if earlier {
+            inner.reaper_at = next;
+            self.reaper.notify_one();
+        }
+        self.committer.last_submitted()
+    }
+
+    /// Executes the machine's effects in order, under the lock.
+    fn dispatch(self: &Arc<Self>, inner: &mut Inner) {
         for effect in inner.machine.take_effects() {
             match effect {
                 Effect::Persist(m) => {
-                    publish(&mut inner.hub, &m);
                     metrics::mutation(&m);
-                    last = Some(self.committer.submit(m));
+                    let (resource, kind, token, holder) = event_of(&m);
+                    let seq = self.committer.submit(m);
+                    lock(&self.hub).stage(seq, resource, kind, token, holder);
                 }
                 Effect::WakeWaiter { waiter, grant } => {
                     let reply = inner.waiters.remove(&waiter);
-                    self.wake(reply, grant, last.take());
+                    self.wake(reply, grant, self.committer.last_submitted());
                 }
                 Effect::RejectWaiter { waiter, error } => {
                     if let Some(reply) = inner.waiters.remove(&waiter) {
@@ -295,15 +364,14 @@ impl Engine {
         }
         let held = inner.machine.held_count();
         metrics::sizes(held, inner.machine.resource_count(), inner.waiters.len());
-        last
     }
 
-    /// Answers a waiter once its grant is durable. If the waiter is gone, the
-    /// lease is released at once rather than left to expire.
-    fn wake(self: &Arc<Self>, reply: Option<WaiterReply>, grant: Grant, receipt: Option<Receipt>) {
+    /// Answers a waiter once its grant (sequence number `seq`) is durable. If
+    /// the waiter is gone, the lease is released at once rather than left to expire.
+    fn wake(self: &Arc<Self>, reply: Option<WaiterReply>, grant: Grant, seq: Seq) {
         let engine = self.clone();
         tokio::spawn(async move {
-            let result = durable(receipt).await.map(|()| grant.clone());
+            let result = engine.durable(seq).await.map(|()| grant.clone());
             let delivered = match reply {
                 Some(reply) => reply.send(result).is_ok(),
                 None => false,
@@ -313,31 +381,63 @@ impl Engine {
             }
         });
     }
+
+    /// Waits until everything up to `seq` is durable.
+    async fn durable(&self, seq: Seq) -> Result<(), ApiError> {
+        self.committer.durable(seq).await.map_err(|e| {
+            metrics::store_failure();
+            ApiError::from(e)
+        })
+    }
 }
 
 /// A watcher's start: what it missed, then the live feed.
 pub struct Subscription {
     pub coordinator_id: String,
-    pub backlog: Vec<Arc<Event>>,
-    pub live: tokio::sync::broadcast::Receiver<Arc<Event>>,
+    pub backlog: Vec<Arc<crate::watch::Event>>,
+    pub live: tokio::sync::broadcast::Receiver<Arc<crate::watch::Event>>,
 }
 
-fn publish(hub: &mut Hub, m: &Mutation) {
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding a lock would be a bug in the core's assertions;
+    // the state it guards is still the last consistent one.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What a watcher is told of a mutation.
+fn event_of(m: &Mutation) -> (ResourceId, EventKind, Token, Option<Holder>) {
     match m {
         Mutation::Grant {
             resource,
             token,
             holder,
             ..
-        } => {
-            hub.publish(resource.clone(), EventKind::Granted, *token, Some(holder.clone()));
-        }
+        } => (resource.clone(), EventKind::Granted, *token, Some(holder.clone())),
         Mutation::Release { resource, token, cause } => {
             let kind = match cause {
                 ReleaseCause::Released => EventKind::Released,
                 ReleaseCause::Expired => EventKind::Expired,
             };
-            hub.publish(resource.clone(), kind, *token, None);
+            (resource.clone(), kind, *token, None)
+        }
+    }
+}
+
+/// Publishes staged watch events as the store's watermark passes them; after
+/// a failed commit drops what will never be durable.
+async fn publish_durable(hub: Arc<Mutex<Hub>>, mut mark: tokio::sync::watch::Receiver<leasefence_store::Durable>) {
+    loop {
+        let durable = mark.borrow_and_update().clone();
+        {
+            let mut hub = lock(&hub);
+            hub.durable_through(durable.through);
+            if durable.failed.is_some() {
+                hub.discard_pending();
+                return;
+            }
+        }
+        if mark.changed().await.is_err() {
+            return;
         }
     }
 }
@@ -367,23 +467,6 @@ impl Drop for WaitGuard {
             inner.machine.cancel_waiter(&self.resource, self.id);
             inner.waiters.remove(&self.id);
         }
-    }
-}
-
-async fn durable(receipt: Option<Receipt>) -> Result<(), ApiError> {
-    match receipt {
-        None => Ok(()),
-        Some(rx) => match rx.await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => {
-                metrics::store_failure();
-                Err(e.into())
-            }
-            Err(_) => {
-                metrics::store_failure();
-                Err(StoreError::Closed.into())
-            }
-        },
     }
 }
 
@@ -431,5 +514,30 @@ async fn reap(engine: std::sync::Weak<Engine>) {
             () = sleep => {}
             () = e.reaper.notified() => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use leasefence_store::MemoryStore;
+
+    #[tokio::test]
+    async fn subscribing_to_watch_does_not_take_the_engine_lock() {
+        let committer = Committer::start(MemoryStore::new(), 16);
+        let engine = Engine::start(Config::default(), Duration::from_secs(1), committer, Vec::new());
+        let held = engine.lock();
+        let e = engine.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let filter = Filter {
+                resource: String::new(),
+                prefix: true,
+            };
+            let _ = tx.send(e.watch(&filter, None, "").is_ok());
+        });
+        let subscribed = rx.recv_timeout(Duration::from_secs(2));
+        drop(held);
+        assert_eq!(subscribed, Ok(true), "a watcher waited for the engine's lock");
     }
 }

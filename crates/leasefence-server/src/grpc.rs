@@ -14,7 +14,7 @@ use tonic::{Request, Response, Status, Streaming};
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::engine::Subscription;
-use crate::watch::{Event, EventKind, Filter};
+use crate::watch::{Event, EventKind, Filter, WatchError};
 use crate::{ApiError, Engine, wire};
 
 pub fn service(engine: Arc<Engine>) -> LeasesServer<GrpcLeases> {
@@ -63,7 +63,7 @@ impl Leases for GrpcLeases {
         let r = request.into_inner();
         let resource = wire::resource(&r.resource).map_err(invalid)?;
         let id = wire::lease_id(&r.lease_id).map_err(invalid)?;
-        let grant = self.engine.renew(&resource, &id).map_err(status)?;
+        let grant = self.engine.renew(&resource, &id).await.map_err(status)?;
         Ok(Response::new(lease(&self.engine, &grant)))
     }
 
@@ -89,12 +89,7 @@ impl Leases for GrpcLeases {
                 let Some(msg) = msg else { return };
                 let reply = match msg {
                     Err(e) => Err(e),
-                    Ok(r) => (|| {
-                        let resource = wire::resource(&r.resource).map_err(invalid)?;
-                        let id = wire::lease_id(&r.lease_id).map_err(invalid)?;
-                        let grant = engine.renew(&resource, &id).map_err(status)?;
-                        Ok(lease(&engine, &grant))
-                    })(),
+                    Ok(r) => renew_one(&engine, &r).await,
                 };
                 let failed = reply.is_err();
                 if tx.send(reply).await.is_err() || failed {
@@ -130,14 +125,17 @@ impl Leases for GrpcLeases {
         let sub = self
             .engine
             .watch(&filter, r.after_revision, &r.coordinator_id)
-            .map_err(|e| Status::failed_precondition(e.to_string()))?;
+            .map_err(|e| match e {
+                WatchError::Unavailable(msg) => Status::unavailable(msg),
+                e => Status::failed_precondition(e.to_string()),
+            })?;
         Ok(Response::new(watch_stream(sub, filter, self.engine.stopping())))
     }
 
     async fn get(&self, request: Request<pb::GetRequest>) -> Result<Response<pb::ResourceStatus>, Status> {
         let r = request.into_inner();
         let resource = wire::resource(&r.resource).map_err(invalid)?;
-        let s = self.engine.status(&resource);
+        let s = self.engine.status(&resource).await.map_err(status)?;
         Ok(Response::new(pb::ResourceStatus {
             resource: r.resource,
             last_token: s.last_token.map_or(0, |t| t.get()),
@@ -217,6 +215,14 @@ fn watch_stream(
         }
     });
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+/// One renewal on the keep-alive stream.
+async fn renew_one(engine: &Arc<Engine>, r: &pb::RenewRequest) -> Result<pb::Lease, Status> {
+    let resource = wire::resource(&r.resource).map_err(invalid)?;
+    let id = wire::lease_id(&r.lease_id).map_err(invalid)?;
+    let grant = engine.renew(&resource, &id).await.map_err(status)?;
+    Ok(lease(engine, &grant))
 }
 
 /// A stream fed by a task: the producer ends the stream by returning.

@@ -8,7 +8,7 @@
 //! | `POST /v1/renew` | `{"resource","lease_id"}` | lease |
 //! | `POST /v1/release` | `{"resource","lease_id"}` | `{"resource","token","released":true}` |
 //! | `GET /v1/status?resource=R` | — | status |
-//! | `GET /healthz` | — | `ok` |
+//! | `GET /healthz` | — | `ok` (503 after a storage failure) |
 //! | `GET /metrics` | — | Prometheus text (when enabled) |
 //!
 //! Refusals: busy 409, lease_lost 410, too_many_waiters 429, tokens_exhausted
@@ -43,13 +43,21 @@ pub fn router(engine: Arc<Engine>, metrics: Option<PrometheusHandle>) -> Router 
         }
     });
     Router::new()
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
         .route("/metrics", metrics_route)
         .route("/v1/acquire", post(acquire))
         .route("/v1/renew", post(renew))
         .route("/v1/release", post(release))
         .route("/v1/status", get(status))
         .with_state(engine)
+}
+
+/// `ok`, or 503 once the coordinator can only answer errors (a failed commit).
+async fn healthz(State(engine): State<Arc<Engine>>) -> (StatusCode, String) {
+    match engine.health() {
+        Ok(()) => (StatusCode::OK, "ok".into()),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("unhealthy: {e}\n")),
+    }
 }
 
 #[derive(Deserialize)]
@@ -130,7 +138,7 @@ async fn acquire(State(engine): State<Arc<Engine>>, body: Bytes) -> Result<axum:
 
 async fn renew(State(engine): State<Arc<Engine>>, body: Bytes) -> Result<axum::Json<Value>, Failure> {
     let (resource, lease_id) = wire::lease_json(&body)?;
-    let grant = engine.renew(&resource, &lease_id)?;
+    let grant = engine.renew(&resource, &lease_id).await?;
     Ok(axum::Json(lease_json(&engine, &grant)))
 }
 
@@ -147,7 +155,7 @@ async fn status(
     query: Result<Query<StatusQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<axum::Json<Value>, Failure> {
     let resource = query.ok().and_then(|Query(q)| q.resource).unwrap_or_default();
-    let s = engine.status(&wire::resource(&resource)?);
+    let s = engine.status(&wire::resource(&resource)?).await?;
     let held = s.held.as_ref();
     Ok(axum::Json(json!({
         "resource": s.resource.as_str(),

@@ -35,7 +35,15 @@ pub enum ServerError {
     Store(#[from] StoreError),
     #[error("server failed: {0}")]
     Serve(std::io::Error),
+    /// A commit failed: the coordinator stopped so that it restarts from disk.
+    #[error("fatal storage failure ({0}); stopped so that a restart recovers from what is on disk")]
+    Fatal(StoreError),
 }
+
+/// After a fatal storage failure, how long the server goes on answering (with
+/// errors only, and 503 on `/healthz`) before it stops, and then how long open
+/// connections get to take their answers.
+const FATAL_DRAIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A bound, recovered coordinator, ready to serve.
 pub struct Server {
@@ -79,7 +87,10 @@ impl Server {
         &self.engine
     }
 
-    /// Serves gRPC and HTTP/JSON on the bound port until `shutdown` completes.
+    /// Serves gRPC and HTTP/JSON on the bound port until `shutdown` completes,
+    /// or until a commit fails: then it stops with [`ServerError::Fatal`]
+    /// (crash-only, as after a failed fsync: nothing is guessed, the restart
+    /// reloads what is on disk).
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
         let grpc = tonic::service::Routes::new(grpc::service(self.engine.clone()))
             .prepare()
@@ -91,12 +102,33 @@ impl Server {
         // Stop the engine first: queued acquires and open streams end, so the
         // graceful shutdown does not wait on them.
         let engine = self.engine.clone();
+        let (fatal_tx, mut fatal_rx) = tokio::sync::watch::channel(None);
+        let failed = self.engine.store_failed();
         let shutdown = async move {
-            shutdown.await;
+            tokio::select! {
+                () = shutdown => {}
+                e = failed => {
+                    tracing::error!(error = %e, "fatal storage failure: stopping");
+                    fatal_tx.send_replace(Some(e));
+                    tokio::time::sleep(FATAL_DRAIN).await;
+                }
+            }
             engine.stop();
         };
-        let result = axum::serve(self.listener, app).with_graceful_shutdown(shutdown).await;
+        let serving = axum::serve(self.listener, app).with_graceful_shutdown(shutdown);
+        // After a fatal failure the stop does not wait long for slow connections.
+        let drained = async {
+            let _ = fatal_rx.wait_for(Option::is_some).await;
+            tokio::time::sleep(2 * FATAL_DRAIN).await;
+        };
+        let result = tokio::select! {
+            r = serving => r.map_err(ServerError::Serve),
+            () = drained => Ok(()),
+        };
         self.engine.stop();
-        result.map_err(ServerError::Serve)
+        match fatal_rx.borrow().clone() {
+            Some(e) => Err(ServerError::Fatal(e)),
+            None => result,
+        }
     }
 }

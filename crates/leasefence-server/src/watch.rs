@@ -1,17 +1,22 @@
 //! Watch: an ordered, resumable stream of lease transitions.
 //!
-//! The engine publishes an event for every grant, release and expiry, under
-//! its lock and in the machine's order, into a bounded in-memory history and a
-//! broadcast channel. A watcher subscribes under the same lock, so the history
-//! it replays and the live events it then receives join without a gap or a
-//! duplicate. History lives only as long as the process: a resume across a
-//! restart is refused (the coordinator id changes) instead of silently
-//! skipping what happened in between.
+//! The engine stages an event for every grant, release and expiry, under its
+//! lock and in the machine's order, tagged with the store sequence number that
+//! makes it durable. Only once the store's watermark passes that number does
+//! the hub publish it — into a bounded in-memory history and a broadcast
+//! channel — so no watcher ever hears of a change the disk does not hold.
+//! The hub has its own lock: a watcher subscribes under it, so the history it
+//! replays and the live events it then receives join without a gap or a
+//! duplicate, and subscribing never waits for (or stalls) the engine.
+//! History lives only as long as the process: a resume across a restart is
+//! refused (the coordinator id changes) instead of silently skipping what
+//! happened in between.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
 use leasefence_core::{Holder, ResourceId, Token};
+use leasefence_store::Seq;
 use tokio::sync::broadcast;
 
 /// Events kept for resuming watchers.
@@ -60,12 +65,21 @@ pub enum WatchError {
     Restarted,
     #[error("revision {after} is in the future (the latest is {latest})")]
     Future { after: u64, latest: u64 },
+    #[error("coordinator unavailable: {0}")]
+    Unavailable(String),
 }
 
 pub struct Hub {
     id: String,
     history: VecDeque<Arc<Event>>,
+    /// Staged events waiting for the store, in sequence order.
+    pending: VecDeque<(Seq, Arc<Event>)>,
+    /// The store's watermark as last told: everything up to it is durable.
+    durable_through: Seq,
+    /// The revision the next staged event gets.
     next_revision: u64,
+    /// The last revision published (0 before any).
+    published: u64,
     live: broadcast::Sender<Arc<Event>>,
 }
 
@@ -74,7 +88,10 @@ impl Hub {
         Hub {
             id,
             history: VecDeque::new(),
+            pending: VecDeque::new(),
+            durable_through: 0,
             next_revision: 1,
+            published: 0,
             live: broadcast::channel(LAG_MAX).0,
         }
     }
@@ -83,7 +100,10 @@ impl Hub {
         &self.id
     }
 
-    pub fn publish(&mut self, resource: ResourceId, kind: EventKind, token: Token, holder: Option<Holder>) {
+    /// Stages an event that becomes durable with store sequence number `seq`;
+    /// it is published once [`Hub::durable_through`] reaches `seq` (at once if
+    /// it already has). Calls come in sequence order.
+    pub fn stage(&mut self, seq: Seq, resource: ResourceId, kind: EventKind, token: Token, holder: Option<Holder>) {
         let event = Arc::new(Event {
             revision: self.next_revision,
             resource,
@@ -92,6 +112,30 @@ impl Hub {
             holder,
         });
         self.next_revision += 1;
+        if seq <= self.durable_through {
+            self.publish(event);
+        } else {
+            self.pending.push_back((seq, event));
+        }
+    }
+
+    /// The store is durable through `seq`: publishes every event staged up to it.
+    pub fn durable_through(&mut self, seq: Seq) {
+        self.durable_through = self.durable_through.max(seq);
+        while self.pending.front().is_some_and(|(s, _)| *s <= self.durable_through) {
+            if let Some((_, event)) = self.pending.pop_front() {
+                self.publish(event);
+            }
+        }
+    }
+
+    /// The store failed: what is staged will never be durable, so never published.
+    pub fn discard_pending(&mut self) {
+        self.pending.clear();
+    }
+
+    fn publish(&mut self, event: Arc<Event>) {
+        self.published = event.revision;
         if self.history.len() == HISTORY_MAX {
             self.history.pop_front();
         }
@@ -115,17 +159,19 @@ impl Hub {
                 if !coordinator_id.is_empty() && coordinator_id != self.id {
                     return Err(WatchError::Restarted);
                 }
-                let latest = self.next_revision - 1;
+                let latest = self.published;
                 if after > latest {
                     return Err(WatchError::Future { after, latest });
                 }
-                let oldest = self.history.front().map_or(self.next_revision, |e| e.revision);
+                let oldest = self.history.front().map_or(latest + 1, |e| e.revision);
                 if after + 1 < oldest {
                     return Err(WatchError::Compacted { after, oldest });
                 }
+                // Revisions are contiguous: start right after `after`, not at the front.
+                let start = self.history.partition_point(|e| e.revision <= after);
                 self.history
-                    .iter()
-                    .filter(|e| e.revision > after && filter.matches(&e.resource))
+                    .range(start..)
+                    .filter(|e| filter.matches(&e.resource))
                     .cloned()
                     .collect()
             }
@@ -146,9 +192,9 @@ mod tests {
     fn resume_replays_exactly_what_followed() {
         let mut hub = Hub::new("c1".into());
         let t = Token::FIRST;
-        hub.publish(r("a/1"), EventKind::Granted, t, None);
-        hub.publish(r("b/1"), EventKind::Granted, t, None);
-        hub.publish(r("a/1"), EventKind::Released, t, None);
+        hub.stage(0, r("a/1"), EventKind::Granted, t, None);
+        hub.stage(0, r("b/1"), EventKind::Granted, t, None);
+        hub.stage(0, r("a/1"), EventKind::Released, t, None);
         let f = Filter {
             resource: "a/".into(),
             prefix: true,
@@ -166,7 +212,7 @@ mod tests {
     fn old_positions_are_compacted_not_skipped() {
         let mut hub = Hub::new("c".into());
         for _ in 0..HISTORY_MAX + 10 {
-            hub.publish(r("x"), EventKind::Granted, Token::FIRST, None);
+            hub.stage(0, r("x"), EventKind::Granted, Token::FIRST, None);
         }
         let f = Filter {
             resource: "x".into(),
@@ -180,5 +226,36 @@ mod tests {
             hub.subscribe(&f, Some(10), "c").expect("just kept").0.len(),
             HISTORY_MAX
         );
+    }
+
+    #[test]
+    fn staged_events_wait_for_the_store_in_order() {
+        let mut hub = Hub::new("c".into());
+        let f = Filter {
+            resource: String::new(),
+            prefix: true,
+        };
+        let (_, mut live) = hub.subscribe(&f, None, "c").expect("subscribe");
+        hub.stage(1, r("a"), EventKind::Granted, Token::FIRST, None);
+        hub.stage(2, r("b"), EventKind::Granted, Token::FIRST, None);
+        assert!(live.try_recv().is_err(), "nothing is durable yet");
+        assert!(matches!(
+            hub.subscribe(&f, Some(1), "c"),
+            Err(WatchError::Future { latest: 0, .. })
+        ));
+        hub.durable_through(1);
+        assert_eq!(live.try_recv().expect("durable").resource, r("a"));
+        assert!(live.try_recv().is_err(), "b is not durable yet");
+        // A later stage of an already durable sequence number goes out at once, after b.
+        hub.durable_through(3);
+        hub.stage(3, r("c"), EventKind::Released, Token::FIRST, None);
+        let rest: Vec<_> = std::iter::from_fn(|| live.try_recv().ok())
+            .map(|e| e.revision)
+            .collect();
+        assert_eq!(rest, vec![2, 3]);
+        hub.stage(4, r("d"), EventKind::Granted, Token::FIRST, None);
+        hub.discard_pending();
+        hub.durable_through(4);
+        assert!(live.try_recv().is_err(), "a discarded event is never published");
     }
 }

@@ -1,30 +1,36 @@
 //! Group commit: the single writer of a store.
 //!
-//! Callers submit mutations and await an answer; the writer thread takes every
-//! mutation waiting at that moment (up to `batch_max`), applies them as one
-//! transaction with one fsync, then answers them all. Under load, many grants
+//! Callers submit mutations; the writer thread takes every mutation waiting at
+//! that moment (up to `batch_max`), applies them as one transaction with one
+//! fsync, then moves the *durable watermark* past them. Under load, many grants
 //! share one fsync; alone, a grant waits for exactly one.
 //!
-//! Order is preserved: mutations are applied in submission order, so a caller
-//! that submits while holding the coordinator's lock gets the coordinator's order
-//! on disk. After a failed commit the writer is poisoned and fails everything
-//! after it: the process must restart and reload rather than guess what the
-//! disk holds.
+//! Every submission gets a sequence number ([`Seq`]), and mutations are applied
+//! in that order, so a caller that submits while holding the coordinator's lock
+//! gets the coordinator's order on disk — and waiting for the watermark to pass
+//! a sequence number ([`Committer::durable`]) means everything submitted up to
+//! it is durable, whoever submitted it. That is what lets the coordinator
+//! answer only with what is on disk: it notes the last sequence number under
+//! its lock and waits for it before it answers.
+//!
+//! After a failed commit the writer is poisoned and fails everything after it:
+//! the process must restart and reload rather than guess what the disk holds.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread;
 
 use leasefence_core::Mutation;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, watch};
 
 use crate::{LeaseStore, StoreError};
 
-type Reply = oneshot::Sender<Result<(), StoreError>>;
+/// The position of a submitted mutation in the writer's order (the first is 1).
+pub type Seq = u64;
 
 struct Job {
+    seq: Seq,
     mutation: Mutation,
-    reply: Option<Reply>,
 }
 
 #[derive(Default)]
@@ -40,11 +46,25 @@ pub struct CommitterStats {
     pub mutations: u64,
 }
 
+/// How far the store is durable, as the writer last said.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Durable {
+    /// Every mutation up to this sequence number is durable.
+    pub through: Seq,
+    /// Set once a commit failed: nothing after `through` will ever be durable.
+    pub failed: Option<StoreError>,
+    /// The last sequence number of the batch that failed.
+    pub failed_through: Seq,
+}
+
 /// Handle to the writer thread. Cloning is cheap; the thread stops once every
 /// handle is dropped and the queue is drained.
 #[derive(Clone)]
 pub struct Committer {
-    tx: mpsc::UnboundedSender<Job>,
+    /// The last sequence number handed out, locked with the send so that
+    /// sequence order is queue order even for concurrent submitters.
+    tx: Arc<Mutex<(Seq, mpsc::UnboundedSender<Job>)>>,
+    durable: watch::Receiver<Durable>,
     counters: Arc<Counters>,
 }
 
@@ -52,36 +72,63 @@ impl Committer {
     /// Starts the writer thread. `batch_max` bounds one transaction (at least 1).
     pub fn start<S: LeaseStore>(store: S, batch_max: usize) -> Committer {
         let (tx, rx) = mpsc::unbounded_channel();
+        let (durable_tx, durable) = watch::channel(Durable::default());
         let counters = Arc::new(Counters::default());
         let c = counters.clone();
         let spawned = thread::Builder::new()
             .name("leasefence-store-writer".into())
-            .spawn(move || write_loop(store, rx, batch_max.max(1), &c));
+            .spawn(move || write_loop(store, rx, batch_max.max(1), &c, &durable_tx));
         if let Err(e) = spawned {
-            // Without a writer every submission fails with `Closed`; say why once.
+            // Without a writer every wait fails with `Closed`; say why once.
             tracing::error!(error = %e, "cannot start the store writer thread");
         }
-        Committer { tx, counters }
-    }
-
-    /// Queues `mutation`; the receiver answers once it is durable (or failed).
-    pub fn submit(&self, mutation: Mutation) -> oneshot::Receiver<Result<(), StoreError>> {
-        let (reply, rx) = oneshot::channel();
-        if let Err(mpsc::error::SendError(job)) = self.tx.send(Job {
-            mutation,
-            reply: Some(reply),
-        }) {
-            if let Some(reply) = job.reply {
-                let _ = reply.send(Err(StoreError::Closed));
-            }
+        Committer {
+            tx: Arc::new(Mutex::new((0, tx))),
+            durable,
+            counters,
         }
-        rx
     }
 
-    /// Queues `mutation` without waiting for it (for expiries: losing one only
-    /// delays the next grant by a TTL after a restart, it never endangers safety).
-    pub fn submit_detached(&self, mutation: Mutation) {
-        let _ = self.tx.send(Job { mutation, reply: None });
+    /// Queues `mutation` and returns its sequence number; [`Committer::durable`]
+    /// of it resolves once it is durable (or failed).
+    pub fn submit(&self, mutation: Mutation) -> Seq {
+        let mut tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        tx.0 += 1;
+        let seq = tx.0;
+        // A closed queue shows up in `durable` as `Closed`: the writer is gone.
+        let _ = tx.1.send(Job { seq, mutation });
+        seq
+    }
+
+    /// The sequence number of the last mutation submitted (0 before any).
+    pub fn last_submitted(&self) -> Seq {
+        self.tx.lock().unwrap_or_else(|e| e.into_inner()).0
+    }
+
+    /// Resolves once every mutation up to `seq` is durable, or with the error
+    /// that stopped the writer before it got there.
+    pub async fn durable(&self, seq: Seq) -> Result<(), StoreError> {
+        let mut rx = self.durable.clone();
+        let state = rx
+            .wait_for(|d| d.through >= seq || d.failed.is_some())
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        match &state.failed {
+            _ if seq <= state.through => Ok(()),
+            Some(e) if seq <= state.failed_through => Err(e.clone()),
+            _ => Err(StoreError::Poisoned),
+        }
+    }
+
+    /// The writer's watermark, to follow as it moves (for publishing events
+    /// only once they are durable).
+    pub fn watermark(&self) -> watch::Receiver<Durable> {
+        self.durable.clone()
+    }
+
+    /// The error that stopped the writer, if one did.
+    pub fn failure(&self) -> Option<StoreError> {
+        self.durable.borrow().failed.clone()
     }
 
     pub fn stats(&self) -> CommitterStats {
@@ -92,8 +139,13 @@ impl Committer {
     }
 }
 
-fn write_loop<S: LeaseStore>(mut store: S, mut rx: mpsc::UnboundedReceiver<Job>, batch_max: usize, c: &Counters) {
-    let mut poisoned = false;
+fn write_loop<S: LeaseStore>(
+    mut store: S,
+    mut rx: mpsc::UnboundedReceiver<Job>,
+    batch_max: usize,
+    c: &Counters,
+    durable: &watch::Sender<Durable>,
+) {
     let mut jobs: Vec<Job> = Vec::with_capacity(batch_max);
     let mut batch: Vec<Mutation> = Vec::with_capacity(batch_max);
     while let Some(first) = rx.blocking_recv() {
@@ -104,24 +156,24 @@ fn write_loop<S: LeaseStore>(mut store: S, mut rx: mpsc::UnboundedReceiver<Job>,
                 Err(_) => break,
             }
         }
-        let result = if poisoned {
-            Err(StoreError::Poisoned)
-        } else {
+        if durable.borrow().failed.is_none() {
             batch.extend(jobs.iter().map(|j| j.mutation.clone()));
-            let r = store.apply(&batch);
+            let result = store.apply(&batch);
             batch.clear();
-            if let Err(e) = &r {
-                tracing::error!(error = %e, "store commit failed; refusing further writes until restart");
-                poisoned = true;
-            }
-            r
-        };
-        c.batches.fetch_add(1, Ordering::Relaxed);
-        c.mutations.fetch_add(jobs.len() as u64, Ordering::Relaxed);
-        for job in jobs.drain(..) {
-            if let Some(reply) = job.reply {
-                let _ = reply.send(result.clone());
+            c.batches.fetch_add(1, Ordering::Relaxed);
+            c.mutations.fetch_add(jobs.len() as u64, Ordering::Relaxed);
+            let last = jobs.last().map_or(0, |j| j.seq);
+            match result {
+                Ok(()) => durable.send_modify(|d| d.through = last),
+                Err(e) => {
+                    tracing::error!(error = %e, "store commit failed; refusing further writes until restart");
+                    durable.send_modify(|d| {
+                        d.failed = Some(e);
+                        d.failed_through = last;
+                    });
+                }
             }
         }
+        jobs.clear();
     }
 }

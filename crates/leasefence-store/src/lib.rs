@@ -15,7 +15,7 @@ pub mod conformance;
 mod embedded;
 mod memory;
 
-pub use committer::{Committer, CommitterStats};
+pub use committer::{Committer, CommitterStats, Durable, Seq};
 pub use embedded::EmbeddedStore;
 pub use memory::MemoryStore;
 

@@ -36,7 +36,7 @@ async fn committer_group_commits_concurrent_grants_and_all_are_durable() {
         waits.push(committer.submit(grant(&format!("g/{}", i % 50), i)));
     }
     for w in waits {
-        w.await.expect("answered").expect("durable");
+        committer.durable(w).await.expect("durable");
     }
     let stats = committer.stats();
     assert_eq!(stats.mutations, 2000);
@@ -68,9 +68,14 @@ async fn committer_group_commits_concurrent_grants_and_all_are_durable() {
 #[tokio::test]
 async fn committer_poisons_after_a_failed_commit() {
     let committer = Committer::start(MemoryStore::new(), 16);
-    committer.submit(grant("p", 5)).await.expect("answered").expect("ok");
-    let err = committer.submit(grant("p", 5)).await.expect("answered");
+    let first = committer.submit(grant("p", 5));
+    committer.durable(first).await.expect("ok");
+    let regress = committer.submit(grant("p", 5));
+    let err = committer.durable(regress).await;
     assert!(matches!(err, Err(StoreError::TokenRegression { .. })), "{err:?}");
-    let after = committer.submit(grant("q", 1)).await.expect("answered");
-    assert_eq!(after, Err(StoreError::Poisoned));
+    assert_eq!(committer.failure(), err.err());
+    let after = committer.submit(grant("q", 1));
+    assert_eq!(committer.durable(after).await, Err(StoreError::Poisoned));
+    // What was durable before the failure stays so.
+    assert_eq!(committer.durable(first).await, Ok(()));
 }

@@ -1,6 +1,6 @@
 //! `leasefence serve`: the coordinator on its embedded store.
 
-use leasefence_server::{Server, ServerConfig};
+use leasefence_server::{Server, ServerConfig, ServerError};
 
 use crate::cli::ServeArgs;
 use crate::{CmdResult, Failure};
@@ -19,9 +19,14 @@ pub async fn run(a: ServeArgs) -> CmdResult {
         server.local_addr()?,
         data_dir.display()
     );
-    server.run(shutdown_signal()).await?;
-    tracing::info!("stopped");
-    Ok(())
+    match server.run(shutdown_signal()).await {
+        Ok(()) => {
+            tracing::info!("stopped");
+            Ok(())
+        }
+        Err(e @ ServerError::Fatal(_)) => Err(Failure::new(Failure::FATAL, e)),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Completes on SIGINT or SIGTERM.
