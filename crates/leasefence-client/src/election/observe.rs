@@ -97,8 +97,7 @@ impl Client {
             name: name.clone(),
             tx,
             resume: None,
-            at: None,
-            resync: false,
+            seen: Seen::default(),
         };
         tokio::spawn(observer.run());
         LeaderChanges { rx }
@@ -145,10 +144,35 @@ struct Observer {
     tx: mpsc::Sender<Result<LeaderChange, ClientError>>,
     /// The last event seen: `(revision, coordinator_id)`.
     resume: Option<(u64, String)>,
+    seen: Seen,
+}
+
+/// Which changes are news: those past the position of the last one yielded.
+/// After a resync the state read is the truth, whatever was yielded before,
+/// so it is yielded and becomes the position to compare with.
+#[derive(Debug, Default)]
+struct Seen {
     /// The position of the last change yielded.
     at: Option<(u64, u8)>,
-    /// Yield the next state read even if it is not newer.
+    /// Yield the next state read even if it is not newer, and restart from it.
     resync: bool,
+}
+
+impl Seen {
+    /// Whether to yield `change`; if so, it is the new position.
+    fn admit(&mut self, change: &LeaderChange) -> bool {
+        let pos = change.position();
+        if self.resync {
+            self.resync = false;
+            self.at = Some(pos);
+            return true;
+        }
+        if self.at.is_some_and(|at| pos <= at) {
+            return false;
+        }
+        self.at = Some(pos);
+        true
+    }
 }
 
 impl Observer {
@@ -171,7 +195,7 @@ impl Observer {
                 End::Closed => return,
                 End::Resync => {
                     self.resume = None;
-                    self.resync = true;
+                    self.seen.resync = true;
                 }
                 End::Fatal(e) => {
                     let _ = self.tx.send(Err(e)).await;
@@ -199,12 +223,9 @@ impl Observer {
     /// Yields `change` if it is newer than the last one yielded (or a resync
     /// asks for it); `false` once the consumer is gone.
     async fn offer(&mut self, change: LeaderChange) -> bool {
-        let newer = self.at.is_none_or(|at| change.position() > at);
-        if !(newer || self.resync) {
+        if !self.seen.admit(&change) {
             return true;
         }
-        self.resync = false;
-        self.at = Some(self.at.map_or(change.position(), |at| at.max(change.position())));
         self.tx.send(Ok(change)).await.is_ok()
     }
 
@@ -310,5 +331,21 @@ mod tests {
         );
         assert!(LeaderChange::from_event(&event(Kind::Granted, 0, "b")).is_err());
         assert!(LeaderChange::from_event(&event(Kind::Granted, 3, "")).is_err());
+    }
+
+    #[test]
+    fn after_a_resync_the_real_leader_of_a_term_is_reported() {
+        let a = Holder::new("a").expect("valid");
+        let b = Holder::new("b").expect("valid");
+        let mut seen = Seen::default();
+        assert!(seen.admit(&LeaderChange::Leader { term: t(3), holder: a }));
+        // The history is gone; the state read again says term 3 never stuck.
+        seen.resync = true;
+        assert!(seen.admit(&LeaderChange::Vacant { last_term: Some(t(2)) }));
+        assert!(
+            seen.admit(&LeaderChange::Leader { term: t(3), holder: b }),
+            "the grant of term 3 that followed the resync was dropped"
+        );
+        assert!(!seen.admit(&LeaderChange::Vacant { last_term: Some(t(2)) }), "old news");
     }
 }
