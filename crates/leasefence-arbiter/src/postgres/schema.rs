@@ -69,9 +69,11 @@ impl Schema {
     /// An error of a statement of ours that names this schema: a schema that
     /// does not exist means nothing is installed there.
     pub(crate) fn classify(&self, e: tokio_postgres::Error) -> ArbiterError {
+        // PostgreSQL quotes the name: `schema "app" does not exist`.
+        let quoted = format!("\"{}\"", self.name());
         let missing = e
             .as_db_error()
-            .is_some_and(|db| db.code().code() == "3F000" && db.message().contains(self.name()));
+            .is_some_and(|db| db.code().code() == "3F000" && db.message().contains(&quoted));
         if missing {
             return ArbiterError::NotInstalled { backend: BACKEND };
         }
