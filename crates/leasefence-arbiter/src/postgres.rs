@@ -7,6 +7,11 @@
 //! the new `last_token` commit together or not at all. The full schema, with
 //! its documented SQLSTATEs, is `src/sql/postgres_schema.sql`.
 //!
+//! Every statement the helpers send names the install schema ([`Schema`]:
+//! `public` for the free functions, any other through its methods), so the
+//! caller's `search_path` does not decide which `leasefence_fences` or
+//! `leasefence_stale` they use.
+//!
 //! Tokens are stored as `bigint`: tokens above `i64::MAX` are refused with
 //! [`ArbiterError::Invalid`] before any statement runs, never wrapped.
 //! Connections are plain TCP (`NoTls`).
@@ -19,11 +24,13 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, GenericClient, NoTls, Statement, Transaction};
 
 use crate::ArbiterError;
-use crate::reject::{observe, token_from_i64, token_to_i64};
+use crate::reject::token_to_i64;
 
 mod folded;
+mod schema;
 
 pub use folded::{FENCE_CTE, FencedStatement, fold_fence};
+pub use schema::Schema;
 
 const BACKEND: &str = "postgres";
 
@@ -52,12 +59,10 @@ pub async fn connect(url: &str) -> Result<Client, ArbiterError> {
     Ok(client)
 }
 
-/// Installs or upgrades the schema (idempotent, safe to run concurrently).
+/// Installs or upgrades the arbiter in `public` (idempotent, safe to run
+/// concurrently); [`Schema::install`] installs elsewhere.
 pub async fn install(client: &mut Client) -> Result<(), ArbiterError> {
-    let tx = client.transaction().await?;
-    tx.batch_execute(SCHEMA_SQL).await?;
-    tx.commit().await?;
-    Ok(())
+    Schema::PUBLIC.install(client).await
 }
 
 /// Connects to `url` and [`install`]s.
@@ -66,26 +71,11 @@ pub async fn install_url(url: &str) -> Result<(), ArbiterError> {
     install(&mut client).await
 }
 
-/// The installed schema version, `None` when nothing is installed.
+/// The schema version installed in `public`, `None` when nothing is installed.
 pub async fn installed_version(client: &impl GenericClient) -> Result<Option<i32>, ArbiterError> {
-    let exists: bool = client
-        .query_one("SELECT to_regclass('leasefence_schema_version') IS NOT NULL", &[])
-        .await?
-        .get(0);
-    if !exists {
-        return Ok(None);
-    }
-    let row = client
-        .query_opt(
-            "SELECT version FROM leasefence_schema_version WHERE component = 'arbiter'",
-            &[],
-        )
-        .await?;
-    Ok(row.map(|r| r.get(0)))
+    Schema::PUBLIC.installed_version(client).await
 }
 
-/// The statement [`admit`] sends and [`PreparedAdmit`] prepares.
-pub const ADMIT_SQL: &str = "SELECT leasefence_admit($1, $2, $3)";
 const ADMIT_TYPES: [Type; 3] = [Type::TEXT, Type::INT8, Type::TEXT];
 
 /// Admits `fence` inside `tx` and records its token there, or returns
@@ -95,16 +85,7 @@ const ADMIT_TYPES: [Type; 3] = [Type::TEXT, Type::INT8, Type::TEXT];
 /// The statement is sent unnamed, so the server parses and plans it on every
 /// call; a connection that admits often should use [`PreparedAdmit`].
 pub async fn admit(tx: &Transaction<'_>, fence: &Fence, mode: FenceMode) -> Result<(), ArbiterError> {
-    let token = token_to_i64(BACKEND, fence.token)?;
-    let (resource, mode) = (fence.resource.as_str(), mode.as_str());
-    // Typed parameters: parse, bind and execute go out in one round trip,
-    // instead of a prepare round trip before every admit.
-    let params = [
-        (&resource as &(dyn ToSql + Sync), ADMIT_TYPES[0].clone()),
-        (&token, ADMIT_TYPES[1].clone()),
-        (&mode, ADMIT_TYPES[2].clone()),
-    ];
-    admitted(tx.execute_typed(ADMIT_SQL, &params).await)
+    Schema::PUBLIC.admit(tx, fence, mode).await
 }
 
 /// Admits `fence` and runs `effect` **pipelined**: the admit and the effect's
@@ -126,14 +107,8 @@ where
     E: From<ArbiterError>,
     Fut: Future<Output = Result<T, E>>,
 {
-    pipelined(admit(tx, fence, mode), effect).await
+    Schema::PUBLIC.admit_pipelined(tx, fence, mode, effect).await
 }
-
-/// The common case of `leasefence_admit` as one plain statement: raise the
-/// token of an existing fence row. It must match the rule in
-/// `sql/postgres_schema.sql` (the conformance suite runs both paths).
-const FAST_ADMIT_SQL: &str = "UPDATE leasefence_fences SET last_token = $2, mode = $3, updated_at = now() \
-     WHERE resource = $1 AND (last_token < $2 OR ($3 = 'monotonic' AND last_token = $2))";
 
 /// Admission prepared once on a connection, for connections that admit
 /// often. Each admit is one prepared `UPDATE` of the fence row, the common
@@ -145,37 +120,27 @@ const FAST_ADMIT_SQL: &str = "UPDATE leasefence_fences SET last_token = $2, mode
 ///
 /// Valid only on the connection that prepared it: on another one it fails
 /// with an error, never a silent pass. With a deadpool pool use
-/// [`PreparedAdmit::prepare_cached`] on each checked-out object.
+/// [`PreparedAdmit::prepare_cached`] on each checked-out object. Both
+/// statements name `public`; [`Schema::prepare_admit`] prepares them for
+/// another schema.
 #[derive(Clone, Debug)]
 pub struct PreparedAdmit {
     update: Statement,
     admit: Statement,
+    /// Where the statements look, for their errors.
+    schema: Schema,
 }
 
 impl PreparedAdmit {
     /// Prepares the two statements on `client`.
     pub async fn prepare(client: &impl GenericClient) -> Result<PreparedAdmit, ArbiterError> {
-        let (update, admit) = tokio::join!(
-            client.prepare_typed(FAST_ADMIT_SQL, &ADMIT_TYPES),
-            client.prepare_typed(ADMIT_SQL, &ADMIT_TYPES)
-        );
-        Ok(PreparedAdmit {
-            update: update?,
-            admit: admit?,
-        })
+        Schema::PUBLIC.prepare_admit(client).await
     }
 
     /// The same from a deadpool object's statement cache: cheap to call
     /// before every transaction.
     pub async fn prepare_cached(client: &deadpool_postgres::ClientWrapper) -> Result<PreparedAdmit, ArbiterError> {
-        let (update, admit) = tokio::join!(
-            client.prepare_typed_cached(FAST_ADMIT_SQL, &ADMIT_TYPES),
-            client.prepare_typed_cached(ADMIT_SQL, &ADMIT_TYPES)
-        );
-        Ok(PreparedAdmit {
-            update: update?,
-            admit: admit?,
-        })
+        Schema::PUBLIC.prepare_admit_cached(client).await
     }
 
     /// [`admit`] with the prepared statements.
@@ -183,11 +148,12 @@ impl PreparedAdmit {
         let token = token_to_i64(BACKEND, fence.token)?;
         let (resource, mode) = (fence.resource.as_str(), mode.as_str());
         let params: [&(dyn ToSql + Sync); 3] = [&resource, &token, &mode];
-        let raised = tx.execute(&self.update, &params).await.map_err(classify_observed)?;
+        let observed = |e| self.schema.classify_observed(e);
+        let raised = tx.execute(&self.update, &params).await.map_err(observed)?;
         if raised == 1 {
             return Ok(());
         }
-        admitted(tx.execute(&self.admit, &params).await)
+        tx.execute(&self.admit, &params).await.map(|_| ()).map_err(observed)
     }
 
     /// [`admit_pipelined`] with the prepared statements. When the fast
@@ -207,15 +173,6 @@ impl PreparedAdmit {
     {
         pipelined(self.admit(tx, fence, mode), effect).await
     }
-}
-
-fn admitted(result: Result<u64, tokio_postgres::Error>) -> Result<(), ArbiterError> {
-    result.map(|_| ()).map_err(classify_observed)
-}
-
-/// [`classify`], and a rejection counted and logged.
-fn classify_observed(e: tokio_postgres::Error) -> ArbiterError {
-    observe(BACKEND, ArbiterError::from(e))
 }
 
 async fn pipelined<T, E, A, Fut>(admit: A, effect: Fut) -> Result<T, E>
@@ -240,15 +197,10 @@ fn in_failed_transaction(e: &ArbiterError) -> bool {
     matches!(e, ArbiterError::Postgres(pg) if pg.code().is_some_and(|c| c.code() == "25P02"))
 }
 
-/// The recorded `last_token` of `resource`, `None` if it was never admitted.
+/// The recorded `last_token` of `resource` in `public`, `None` if it was
+/// never admitted.
 pub async fn last_token(client: &impl GenericClient, resource: &ResourceId) -> Result<Option<Token>, ArbiterError> {
-    let row = client
-        .query_opt(
-            "SELECT last_token FROM leasefence_fences WHERE resource = $1",
-            &[&resource.as_str()],
-        )
-        .await?;
-    row.map(|r| token_from_i64(BACKEND, r.get(0))).transpose()
+    Schema::PUBLIC.last_token(client, resource).await
 }
 
 /// Begins a transaction, admits `fence`, runs `effect` in it and commits. On a
@@ -275,11 +227,7 @@ where
     E: From<ArbiterError>,
     F: for<'t> FnOnce(&'t Transaction<'t>) -> EffectFuture<'t, T, E>,
 {
-    let tx = client.transaction().await.map_err(ArbiterError::from)?;
-    admit(&tx, fence, mode).await?;
-    let out = effect(&tx).await?;
-    tx.commit().await.map_err(ArbiterError::from)?;
-    Ok(out)
+    Schema::PUBLIC.with_fence(client, fence, mode, effect).await
 }
 
 /// Maps a PostgreSQL error to ours: `LF001` becomes [`ArbiterError::Stale`]

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use common::{POSTGRES_URL, fence, service_url, unique_resource};
-use leasefence_arbiter::postgres::{self, SQLSTATE_INVALID, SQLSTATE_STALE, with_fence};
+use leasefence_arbiter::postgres::{self, SQLSTATE_INVALID, SQLSTATE_STALE, Schema, with_fence};
 use leasefence_arbiter::targets::PostgresTarget;
 use leasefence_arbiter::{ArbiterError, FenceMode, ResourceId};
 use tokio_postgres::IsolationLevel;
@@ -197,19 +197,34 @@ async fn with_fence_commits_effect_and_token_together() {
     assert_eq!(rows, ["three"]);
 }
 
+/// Helpers pointed at a schema that does not exist say nothing is installed
+/// there; installing into it says to create it.
 #[tokio::test]
-async fn missing_function_is_not_installed() {
+async fn a_missing_schema_is_not_installed() {
     let Some(url) = service_url(POSTGRES_URL) else { return };
     let mut c = postgres::connect(&url).await.expect("connect");
-    c.batch_execute("SET search_path = leasefence_no_such_schema")
-        .await
-        .expect("set");
+    let missing = Schema::new("leasefence_no_such_schema").expect("valid name");
+    let r = unique_resource("not-installed");
+    let not_installed =
+        |res: Result<(), ArbiterError>| matches!(res, Err(ArbiterError::NotInstalled { backend: "postgres" }));
     let tx = c.transaction().await.expect("begin");
-    let res = postgres::admit(&tx, &fence(&unique_resource("not-installed"), 1), FenceMode::Strict).await;
-    assert!(
-        matches!(res, Err(ArbiterError::NotInstalled { backend: "postgres" })),
-        "{res:?}"
-    );
+    let res = missing.admit(&tx, &fence(&r, 1), FenceMode::Strict).await;
+    assert!(not_installed(res), "admit");
+    drop(tx);
+    let res = missing.prepare_admit(&c).await.map(drop);
+    assert!(not_installed(res), "prepare_admit");
+    let res = missing.fenced_statement(&c, "SELECT 1").await.map(drop);
+    assert!(not_installed(res), "fenced_statement");
+    let res = missing.last_token(&c, &r).await.map(drop);
+    assert!(not_installed(res), "last_token");
+    assert_eq!(missing.installed_version(&c).await.expect("version"), None);
+    match missing.install(&mut c).await {
+        Err(ArbiterError::Invalid(i)) => {
+            assert_eq!(i.field(), "schema");
+            assert!(i.to_string().contains("CREATE SCHEMA"), "{i}");
+        }
+        other => panic!("install into a missing schema must be Invalid, got {other:?}"),
+    }
 }
 
 #[tokio::test]
@@ -369,17 +384,18 @@ async fn prepared_admit_fails_on_another_connection_and_refuses_big_tokens() {
 
 /// Installs into a schema of its own (so it cannot disturb the other tests'
 /// shared install), upgrades a version-1 install, refuses to downgrade a newer
-/// one, and shows the function uses its own schema's table whatever the
-/// caller's search_path.
+/// one, and shows the function and the helpers use its own schema's table
+/// whatever the caller's search_path.
 #[tokio::test]
 async fn install_upgrades_v1_refuses_newer_and_ignores_callers_search_path() {
     let Some(url) = service_url(POSTGRES_URL) else { return };
     let mut c = postgres::connect(&url).await.expect("connect");
     let schema = format!("lf_install_{:016x}", getrandom::u64().expect("os randomness"));
-    c.batch_execute(&format!("CREATE SCHEMA {schema}; SET search_path = {schema}"))
+    c.batch_execute(&format!("CREATE SCHEMA {schema}"))
         .await
         .expect("schema");
-    postgres::install(&mut c).await.expect("fresh install");
+    let s = Schema::new(&schema).expect("valid name");
+    s.install(&mut c).await.expect("fresh install");
 
     // What version 1 left behind: the function pinned with SET search_path,
     // CHECK constraints on the fence table.
@@ -393,9 +409,9 @@ async fn install_upgrades_v1_refuses_newer_and_ignores_callers_search_path() {
     ))
     .await
     .expect("simulate version 1");
-    postgres::install(&mut c).await.expect("upgrade from version 1");
+    s.install(&mut c).await.expect("upgrade from version 1");
     assert_eq!(
-        postgres::installed_version(&c).await.expect("version"),
+        s.installed_version(&c).await.expect("version"),
         Some(postgres::SCHEMA_VERSION)
     );
     let config: Option<Vec<String>> = c
@@ -423,7 +439,7 @@ async fn install_upgrades_v1_refuses_newer_and_ignores_callers_search_path() {
     ))
     .await
     .expect("simulate a newer version");
-    let err = postgres::install(&mut c).await.expect_err("no downgrade");
+    let err = s.install(&mut c).await.expect_err("no downgrade");
     let code = match &err {
         ArbiterError::Postgres(e) => e.code().map(|c| c.code().to_owned()),
         _ => None,
@@ -448,6 +464,11 @@ async fn install_upgrades_v1_refuses_newer_and_ignores_callers_search_path() {
         .expect("fence row in the install schema")
         .get(0);
     assert_eq!(last, 7);
+    let tx = c.transaction().await.expect("begin");
+    let res = s.admit(&tx, &fence(&r, 6), FenceMode::Strict).await;
+    assert!(matches!(res, Err(ArbiterError::Stale(_))), "{res:?}");
+    drop(tx);
+    assert_eq!(s.last_token(&c, &r).await.expect("last").map(|t| t.get()), Some(7));
     c.batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
         .await
         .expect("drop schema");

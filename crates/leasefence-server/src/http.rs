@@ -13,13 +13,18 @@
 //!
 //! Refusals: busy 409, lease_lost 410, too_many_waiters 429, tokens_exhausted
 //! 409, invalid 400, storage failure 500, shutting down 503.
+//!
+//! The edges answer in JSON too: an unknown path is `404 not_found` (unless
+//! the request is gRPC, which gets gRPC's UNIMPLEMENTED: both share the
+//! port), a wrong method on a known path `405 method_not_allowed`, a body over
+//! [`BODY_BYTES_MAX`] `413 payload_too_large`.
 
 use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Query, State};
-use axum::http::StatusCode;
+use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use leasefence_core::{Grant, Invalid, LeaseError};
@@ -28,6 +33,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::{ApiError, Engine, wire};
+
+/// The largest request body accepted, in bytes. A request is a few hundred
+/// bytes of JSON; anything near this is a mistake or an attack.
+pub const BODY_BYTES_MAX: usize = 64 * 1024;
 
 pub fn router(engine: Arc<Engine>, metrics: Option<PrometheusHandle>) -> Router {
     let metrics_route = get(move || {
@@ -49,6 +58,10 @@ pub fn router(engine: Arc<Engine>, metrics: Option<PrometheusHandle>) -> Router 
         .route("/v1/renew", post(renew))
         .route("/v1/release", post(release))
         .route("/v1/status", get(status))
+        .method_not_allowed_fallback(method_not_allowed)
+        .fallback(unknown_path)
+        .layer(axum::middleware::map_response(payload_too_large))
+        .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
         .with_state(engine)
 }
 
@@ -58,6 +71,56 @@ async fn healthz(State(engine): State<Arc<Engine>>) -> (StatusCode, String) {
         Ok(()) => (StatusCode::OK, "ok".into()),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("unhealthy: {e}\n")),
     }
+}
+
+/// Requests no route matches. gRPC shares the port, so a gRPC call (by its
+/// content type, as gRPC clients send it) of a method this server lacks
+/// gets gRPC's own answer; anything else gets the JSON 404.
+async fn unknown_path(method: Method, uri: Uri, headers: HeaderMap) -> Response {
+    let grpc = headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+    if grpc {
+        let status = tonic::Status::unimplemented(format!("no gRPC method {}", uri.path()));
+        return status.into_http::<axum::body::Body>().into_response();
+    }
+    let message = format!(
+        "no such path: {method} {}; the API is POST /v1/acquire, /v1/renew, /v1/release, \
+         GET /v1/status?resource=R, /healthz and /metrics",
+        uri.path()
+    );
+    Failure(
+        StatusCode::NOT_FOUND,
+        json!({ "error": "not_found", "message": message }),
+    )
+    .into_response()
+}
+
+/// A known path with another method; axum adds the `Allow` header.
+async fn method_not_allowed(method: Method, uri: Uri) -> Failure {
+    let message = format!(
+        "{method} is not allowed on {} (the Allow header lists what is)",
+        uri.path()
+    );
+    Failure(
+        StatusCode::METHOD_NOT_ALLOWED,
+        json!({ "error": "method_not_allowed", "message": message }),
+    )
+}
+
+/// A body over [`BODY_BYTES_MAX`] is refused by the body extractor, before
+/// any handler runs, with a plain-text 413 (no handler of ours answers 413):
+/// say it in JSON like every other refusal.
+async fn payload_too_large(response: Response) -> Response {
+    if response.status() != StatusCode::PAYLOAD_TOO_LARGE {
+        return response;
+    }
+    let message = format!("the request body is too large: limit {BODY_BYTES_MAX} bytes");
+    Failure(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        json!({ "error": "payload_too_large", "message": message }),
+    )
+    .into_response()
 }
 
 #[derive(Deserialize)]

@@ -92,9 +92,12 @@ impl Server {
     /// (crash-only, as after a failed fsync: nothing is guessed, the restart
     /// reloads what is on disk).
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
+        // Without tonic's fallback (a gRPC UNIMPLEMENTED for any path), so
+        // that the HTTP router's fallback answers unknown paths, in JSON or gRPC.
         let grpc = tonic::service::Routes::new(grpc::service(self.engine.clone()))
             .prepare()
-            .into_axum_router();
+            .into_axum_router()
+            .reset_fallback();
         let app = http::router(self.engine.clone(), self.metrics).merge(grpc);
         if let Ok(addr) = self.listener.local_addr() {
             tracing::info!(%addr, "serving gRPC and HTTP");

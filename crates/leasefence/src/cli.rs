@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::{CmdResult, arbiter_cmd, bench, client_cmds, demo, elect_cmd, observe_cmd, run_cmd, serve, watch_cmd};
 
@@ -23,6 +23,23 @@ impl Cli {
             _ => "warn",
         }
     }
+
+    /// How logs are written: `serve --log-format`, text for every other command.
+    pub fn log_format(&self) -> LogFormat {
+        match &self.command {
+            Command::Serve(a) => a.log_format,
+            _ => LogFormat::Text,
+        }
+    }
+}
+
+/// The shape of log lines on stderr.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// One human-readable line per event (coloured only on a terminal).
+    Text,
+    /// One JSON object per line: `timestamp`, `level`, `fields`, `target`.
+    Json,
 }
 
 #[derive(Subcommand, Debug)]
@@ -66,6 +83,9 @@ pub struct ServeArgs {
     /// Directory of the embedded store (created if missing).
     #[arg(long, default_value = leasefence_server::ServerConfig::DEFAULT_DATA_DIR, env = "LEASEFENCE_DATA_DIR")]
     pub data_dir: PathBuf,
+    /// Log lines as text or as one JSON object per line.
+    #[arg(long, value_enum, default_value = "text", env = "LEASEFENCE_LOG_FORMAT")]
+    pub log_format: LogFormat,
     /// Shortest TTL a client may ask for.
     #[arg(long, default_value = "100ms", value_parser = parse_duration)]
     pub ttl_min: Duration,

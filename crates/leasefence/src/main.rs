@@ -20,6 +20,7 @@ mod run_cmd;
 mod serve;
 mod watch_cmd;
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -63,10 +64,15 @@ fn main() -> ExitCode {
     let args = cli::Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("LEASEFENCE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(args.default_log_level()));
-    tracing_subscriber::fmt()
+    // Colour codes only for a terminal: in a file or a log collector they are noise.
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .init();
+        .with_ansi(std::io::stderr().is_terminal());
+    match args.log_format() {
+        cli::LogFormat::Text => logs.init(),
+        cli::LogFormat::Json => logs.json().init(),
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

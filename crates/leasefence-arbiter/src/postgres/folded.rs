@@ -6,14 +6,15 @@
 //!
 //! ```sql
 //! WITH leasefence_fence AS (
-//!     INSERT INTO leasefence_fences AS f (resource, last_token, mode, updated_at)
+//!     INSERT INTO "public".leasefence_fences AS f (resource, last_token, mode, updated_at)
 //!     VALUES ($n+1::text, $n+2::bigint, $n+3::text, now())
 //!     ON CONFLICT (resource) DO UPDATE SET last_token = CASE
 //!         WHEN <the rule admits> THEN excluded.last_token
-//!         ELSE leasefence_stale(f.resource, excluded.last_token, f.last_token) END, …)
+//!         ELSE "public".leasefence_stale(f.resource, excluded.last_token, f.last_token) END, …)
 //! <the caller's statement>
 //! ```
 //!
+//! (with the install [`Schema`] named, whatever the caller's search_path).
 //! PostgreSQL runs a data-modifying CTE exactly once and to completion whether
 //! or not the statement reads it, so the caller's statement need not mention
 //! it. A stale token makes `leasefence_stale` raise `LF001`, which fails the
@@ -32,7 +33,7 @@ use leasefence_core::{Fence, FenceMode, Invalid};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{GenericClient, Row, Statement};
 
-use super::{BACKEND, classify_observed};
+use super::{BACKEND, Schema};
 use crate::ArbiterError;
 use crate::reject::token_to_i64;
 
@@ -45,8 +46,70 @@ pub const FENCE_CTE: &str = "leasefence_fence";
 /// `$n+1..$n+3`. A statement that starts with `WITH` (or `WITH RECURSIVE`)
 /// gets the fence as its first CTE. Only statements PostgreSQL lets carry a
 /// `WITH` can be fenced: `SELECT`, `INSERT`, `UPDATE`, `DELETE`, `VALUES`
-/// (PostgreSQL 15 and older refuse `WITH` before `MERGE`).
+/// (PostgreSQL 15 and older refuse `WITH` before `MERGE`). The fence is the
+/// one in `public`; [`Schema::fold_fence`] folds another schema's.
 pub fn fold_fence(sql: &str, user_params: usize) -> Result<String, Invalid> {
+    Schema::PUBLIC.fold_fence(sql, user_params)
+}
+
+impl Schema {
+    /// [`fold_fence`] with this schema's fence.
+    pub fn fold_fence(&self, sql: &str, user_params: usize) -> Result<String, Invalid> {
+        fold(self, sql, user_params)
+    }
+
+    /// [`FencedStatement::prepare`] with this schema's fence.
+    pub async fn fenced_statement(
+        &self,
+        client: &impl GenericClient,
+        sql: &str,
+    ) -> Result<FencedStatement, ArbiterError> {
+        let user = client.prepare(sql).await?;
+        let folded = self.fold_fence(sql, user.params().len())?;
+        let statement = client.prepare(&folded).await.map_err(|e| self.cannot_fold(sql, e))?;
+        Ok(FencedStatement {
+            statement,
+            schema: self.clone(),
+        })
+    }
+
+    /// [`FencedStatement::prepare_cached`] with this schema's fence.
+    pub async fn fenced_statement_cached(
+        &self,
+        client: &deadpool_postgres::ClientWrapper,
+        sql: &str,
+    ) -> Result<FencedStatement, ArbiterError> {
+        let user = client.prepare_cached(sql).await?;
+        let folded = self.fold_fence(sql, user.params().len())?;
+        let statement = client
+            .prepare_cached(&folded)
+            .await
+            .map_err(|e| self.cannot_fold(sql, e))?;
+        Ok(FencedStatement {
+            statement,
+            schema: self.clone(),
+        })
+    }
+
+    /// The caller's statement prepared alone but not with the fence: say why.
+    fn cannot_fold(&self, sql: &str, e: tokio_postgres::Error) -> ArbiterError {
+        let code = e.as_db_error().map(|d| d.code().code());
+        match code {
+            Some("42601") => Invalid::new(
+                "sql",
+                format!(
+                    "this statement cannot carry the fence (PostgreSQL allows a WITH clause only before \
+                     SELECT, INSERT, UPDATE, DELETE and VALUES); use postgres::admit in its transaction instead: {}",
+                    sql.trim()
+                ),
+            )
+            .into(),
+            _ => self.classify(e),
+        }
+    }
+}
+
+fn fold(schema: &Schema, sql: &str, user_params: usize) -> Result<String, Invalid> {
     let start = skip_space_and_comments(sql)?;
     if sql[start..]
         .trim_matches(|c: char| c == ';' || c.is_whitespace())
@@ -56,12 +119,14 @@ pub fn fold_fence(sql: &str, user_params: usize) -> Result<String, Invalid> {
     }
     let (r, t, m) = (user_params + 1, user_params + 2, user_params + 3);
     let cte = format!(
-        "{FENCE_CTE} AS (INSERT INTO leasefence_fences AS f (resource, last_token, mode, updated_at) \
+        "{FENCE_CTE} AS (INSERT INTO {fences} AS f (resource, last_token, mode, updated_at) \
          VALUES (${r}::text, ${t}::bigint, ${m}::text, now()) ON CONFLICT (resource) DO UPDATE SET \
          last_token = CASE WHEN f.last_token < excluded.last_token \
          OR (excluded.mode = 'monotonic' AND f.last_token = excluded.last_token) THEN excluded.last_token \
-         ELSE leasefence_stale(f.resource, excluded.last_token, f.last_token) END, \
-         mode = excluded.mode, updated_at = excluded.updated_at)"
+         ELSE {stale}(f.resource, excluded.last_token, f.last_token) END, \
+         mode = excluded.mode, updated_at = excluded.updated_at)",
+        fences = schema.qualify("leasefence_fences"),
+        stale = schema.qualify("leasefence_stale"),
     );
     let Some(after_with) = keyword_at(sql, start, "with") else {
         return Ok(format!("WITH {cte} {sql}"));
@@ -150,17 +215,17 @@ fn keyword_at(sql: &str, i: usize, keyword: &str) -> Option<usize> {
 pub struct FencedStatement {
     /// The caller's parameters, then the fence's three.
     statement: Statement,
+    /// Whose fence, for its errors.
+    schema: Schema,
 }
 
 impl FencedStatement {
-    /// Prepares `sql` (whose parameters are `$1..$n`) with the fence folded
-    /// in. Two round trips: the caller's statement alone, to learn `n` and to
+    /// Prepares `sql` (whose parameters are `$1..$n`) with the fence of
+    /// `public` folded in ([`Schema::fenced_statement`] for another schema's).
+    /// Two round trips: the caller's statement alone, to learn `n` and to
     /// report its own errors as they are, then the folded one.
     pub async fn prepare(client: &impl GenericClient, sql: &str) -> Result<FencedStatement, ArbiterError> {
-        let user = client.prepare(sql).await?;
-        let folded = fold_fence(sql, user.params().len())?;
-        let statement = client.prepare(&folded).await.map_err(|e| cannot_fold(sql, e))?;
-        Ok(FencedStatement { statement })
+        Schema::PUBLIC.fenced_statement(client, sql).await
     }
 
     /// The same from a deadpool object's statement cache: cheap to call
@@ -169,10 +234,7 @@ impl FencedStatement {
         client: &deadpool_postgres::ClientWrapper,
         sql: &str,
     ) -> Result<FencedStatement, ArbiterError> {
-        let user = client.prepare_cached(sql).await?;
-        let folded = fold_fence(sql, user.params().len())?;
-        let statement = client.prepare_cached(&folded).await.map_err(|e| cannot_fold(sql, e))?;
-        Ok(FencedStatement { statement })
+        Schema::PUBLIC.fenced_statement_cached(client, sql).await
     }
 
     /// The prepared statement, fence included (its last three parameters).
@@ -193,7 +255,8 @@ impl FencedStatement {
     ) -> Result<u64, ArbiterError> {
         let (resource, token, mode) = self.fence_params(fence, mode, params)?;
         let all = with_fence_params(params, &resource, &token, &mode);
-        client.execute(&self.statement, &all).await.map_err(classify_observed)
+        let observed = |e| self.schema.classify_observed(e);
+        client.execute(&self.statement, &all).await.map_err(observed)
     }
 
     /// [`execute`](Self::execute) for a statement that returns rows (a
@@ -207,7 +270,8 @@ impl FencedStatement {
     ) -> Result<Vec<Row>, ArbiterError> {
         let (resource, token, mode) = self.fence_params(fence, mode, params)?;
         let all = with_fence_params(params, &resource, &token, &mode);
-        client.query(&self.statement, &all).await.map_err(classify_observed)
+        let observed = |e| self.schema.classify_observed(e);
+        client.query(&self.statement, &all).await.map_err(observed)
     }
 
     fn fence_params<'f>(
@@ -242,23 +306,6 @@ fn with_fence_params<'a>(
     all
 }
 
-/// The caller's statement prepared alone but not with the fence: say why.
-fn cannot_fold(sql: &str, e: tokio_postgres::Error) -> ArbiterError {
-    let code = e.as_db_error().map(|d| d.code().code());
-    match code {
-        Some("42601") => Invalid::new(
-            "sql",
-            format!(
-                "this statement cannot carry the fence (PostgreSQL allows a WITH clause only before \
-                 SELECT, INSERT, UPDATE, DELETE and VALUES); use postgres::admit in its transaction instead: {}",
-                sql.trim()
-            ),
-        )
-        .into(),
-        _ => ArbiterError::from(e),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -271,13 +318,13 @@ mod tests {
     fn plain_statement_gets_a_leading_with() {
         let f = fold_fence("UPDATE t SET v = $2 WHERE k = $1", 2).expect("folds");
         assert!(
-            f.starts_with("WITH leasefence_fence AS (INSERT INTO leasefence_fences"),
+            f.starts_with("WITH leasefence_fence AS (INSERT INTO \"public\".leasefence_fences"),
             "{f}"
         );
         assert!(f.ends_with(") UPDATE t SET v = $2 WHERE k = $1"), "{f}");
         assert!(f.contains("VALUES ($3::text, $4::bigint, $5::text, now())"), "{f}");
         assert!(
-            f.contains("leasefence_stale(f.resource, excluded.last_token, f.last_token)"),
+            f.contains("\"public\".leasefence_stale(f.resource, excluded.last_token, f.last_token)"),
             "{f}"
         );
     }

@@ -2,9 +2,10 @@
 --
 -- Idempotent: safe to run any number of times, concurrently too. Run it in one
 -- transaction (the Rust installer does; by hand: psql --single-transaction -f FILE).
--- Objects are created in the first schema of the installer's search_path, and
--- leasefence_admit names its table with that schema, so callers' search_path does
--- not matter. (Version 1 pinned the function with `SET search_path`, which costs a
+-- Objects are created in the first schema of the installer's search_path (the Rust
+-- installer sets it to the schema it installs into, `public` unless told otherwise),
+-- and leasefence_admit names its table and leasefence_stale with that schema, so
+-- callers' search_path does not matter; the Rust helpers name the schema too. (Version 1 pinned the function with `SET search_path`, which costs a
 -- configuration save and restore on every call, and put CHECK constraints on the
 -- fence table; version 2 drops both. Version 3 adds leasefence_stale, which lets a
 -- client fold the fence into its own statement.)
