@@ -10,7 +10,9 @@
 //! mapped here to [`ArbiterError::Stale`]. The library, with its calling
 //! conventions, is `src/lua/leasefence.lua`. Tokens cover the full `u64` range.
 //! In a cluster, give your data keys the hash tag `{RESOURCE}` so they share the
-//! fence key's slot. The fence is as durable as the server's persistence
+//! fence key's slot. No data key may start with `leasefence:fence:` (refused
+//! as [`ArbiterError::Invalid`]): a fenced call never writes a fence key, its
+//! own or another resource's. A command that writes nothing records no token. The fence is as durable as the server's persistence
 //! settings make it (use `appendonly yes` and `appendfsync always` for
 //! crash-safe fences).
 
@@ -26,7 +28,11 @@ const BACKEND: &str = "redis";
 /// The library source loaded by [`install`].
 pub const LIBRARY: &str = include_str!("lua/leasefence.lua");
 /// The library version [`install`] loads and checks.
-pub const LIBRARY_VERSION: &str = "3";
+pub const LIBRARY_VERSION: &str = "4";
+/// The module version ([`module_loaded`]) this crate's calls are written for:
+/// 2 refuses every data key under the fence-key prefix and records no fence
+/// for a command that wrote nothing.
+pub const MODULE_VERSION: &str = "2";
 /// Error code of a stale call.
 pub const ERROR_STALE: &str = "STALE";
 
@@ -69,15 +75,26 @@ pub async fn installed_version<C: ConnectionLike + Send>(conn: &mut C) -> Result
     Via::Functions.installed_version(conn).await
 }
 
-/// The module's version (`LEASEFENCE.VERSION`) when it is loaded; otherwise
-/// [`ArbiterError::ModuleNotLoaded`]. Modules cannot be loaded over a
-/// connection (Redis 7 refuses `MODULE LOAD` unless `enable-module-command`
-/// is set), so this only checks.
+/// The module's version (`LEASEFENCE.VERSION`) when it is loaded and is
+/// [`MODULE_VERSION`]; otherwise [`ArbiterError::ModuleNotLoaded`], or
+/// [`ArbiterError::Protocol`] naming both versions for an older or newer
+/// module. Modules cannot be loaded over a connection (Redis 7 refuses
+/// `MODULE LOAD` unless `enable-module-command` is set), so this only checks.
 pub async fn module_loaded<C: ConnectionLike + Send>(conn: &mut C) -> Result<String, ArbiterError> {
-    Via::Module
+    let version = Via::Module
         .installed_version(conn)
         .await?
-        .ok_or(ArbiterError::ModuleNotLoaded)
+        .ok_or(ArbiterError::ModuleNotLoaded)?;
+    if version != MODULE_VERSION {
+        return Err(ArbiterError::Protocol {
+            backend: BACKEND,
+            message: format!(
+                "the server loaded leasefence module version {version}, this client needs version \
+                 {MODULE_VERSION}: build the module from this release and restart the server with it"
+            ),
+        });
+    }
+    Ok(version)
 }
 
 /// Which server-side code runs a fenced call. Both check and record the same
@@ -238,7 +255,9 @@ impl Via {
     }
 
     /// Fenced `XADD stream id field value [field value ...]` (`id` is usually
-    /// `*`); returns the entry id.
+    /// `*`); returns the entry id. (Raw callers may put XADD's options before
+    /// the ID; `NOMKSTREAM` on a missing stream then replies nil and records
+    /// no token.)
     pub async fn xadd<C, F, V>(
         self,
         conn: &mut C,
