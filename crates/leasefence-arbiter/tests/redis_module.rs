@@ -18,7 +18,7 @@ use leasefence_arbiter::redis::{self as lf, Via, fence_key};
 use leasefence_arbiter::targets::RedisTarget;
 use leasefence_arbiter::{ArbiterError, FenceMode};
 use redis::aio::MultiplexedConnection;
-use redis_common::{expect_stale, forget, get, last, raw};
+use redis_common::{expect_stale, forget, get, last, raw, wait_for_replica};
 
 const MODULE_URL: &str = "LEASEFENCE_TEST_REDIS_MODULE_URL";
 const REPLICA_URL: &str = "LEASEFENCE_TEST_REDIS_MODULE_REPLICA_URL";
@@ -213,23 +213,6 @@ async fn replicas_without_the_module_get_every_write() {
     forget(&mut c, &r, &[&key, &stream, &plain]).await;
 }
 
-/// Waits until a replica has acknowledged every write so far.
-async fn wait_for_replica(c: &mut MultiplexedConnection) {
-    // WAIT in short steps (the client's reply timeout is shorter than a
-    // replica's first full sync may take).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let acked: i64 = get(c, &["WAIT", "1", "200"]).await;
-        if acked >= 1 {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the replica did not acknowledge the writes in 10 s"
-        );
-    }
-}
-
 /// A key's type and content, comparable between servers.
 async fn snapshot(c: &mut MultiplexedConnection, key: &[u8]) -> (String, Vec<Vec<u8>>) {
     let kind: String = redis::cmd("TYPE").arg(key).query_async(c).await.expect("TYPE");
@@ -271,7 +254,9 @@ async fn check_dispatches_on_redis_module_scheme() {
         .await
         .expect("install checks the module");
     assert!(
-        installed.contains(&format!("module leasefence version {}", lf::MODULE_VERSION)),
+        installed
+            .what
+            .contains(&format!("module leasefence version {}", lf::MODULE_VERSION)),
         "{installed}"
     );
     let report = leasefence_arbiter::check(&module_url, 5).await.expect("check");
