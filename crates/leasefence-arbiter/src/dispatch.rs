@@ -49,28 +49,63 @@ impl BackendUrl {
     }
 }
 
+/// What [`install`] installed, for the operator: `what` (e.g. `PostgreSQL
+/// schema version 3`, also the `Display`) and what about the backend's
+/// settings can still lose fences (Redis: see
+/// [`crate::redis::check_settings`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Installed {
+    pub what: String,
+    pub warnings: Vec<String>,
+}
+
+impl Installed {
+    fn new(what: String) -> Installed {
+        Installed {
+            what,
+            warnings: Vec::new(),
+        }
+    }
+}
+
+impl std::fmt::Display for Installed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.what)
+    }
+}
+
+fn warnings(w: Vec<crate::redis::SettingsWarning>) -> Vec<String> {
+    w.iter().map(ToString::to_string).collect()
+}
+
 /// Installs (or upgrades, idempotently) the arbiter schema or functions at
-/// `url`; returns what is now installed there, for the operator, e.g.
-/// `PostgreSQL schema version 3`.
-pub async fn install(url: &str) -> Result<String, ArbiterError> {
+/// `url`; returns what is now installed there. A Redis server whose settings
+/// let fence keys be evicted is refused ([`ArbiterError::UnsafeSettings`])
+/// before anything is loaded.
+pub async fn install(url: &str) -> Result<Installed, ArbiterError> {
     match BackendUrl::parse(url)? {
         BackendUrl::Postgres(u) => {
             crate::postgres::install_url(&u).await?;
-            Ok(format!("PostgreSQL schema version {}", crate::postgres::SCHEMA_VERSION))
+            Ok(Installed::new(format!(
+                "PostgreSQL schema version {}",
+                crate::postgres::SCHEMA_VERSION
+            )))
         }
         BackendUrl::Redis(u) => {
-            crate::redis::install_url(&u).await?;
-            Ok(format!(
-                "Redis function library version {}",
-                crate::redis::LIBRARY_VERSION
-            ))
+            let found = crate::redis::install_url(&u).await?;
+            Ok(Installed {
+                what: format!("Redis function library version {}", crate::redis::LIBRARY_VERSION),
+                warnings: warnings(found),
+            })
         }
         BackendUrl::RedisModule(u) => {
             let mut conn = crate::redis::connect(&u).await?;
+            let found = crate::redis::check_settings(&mut conn).await?;
             let version = crate::redis::module_loaded(&mut conn).await?;
-            Ok(format!(
-                "Redis module leasefence version {version} (loaded by the server; nothing was written)"
-            ))
+            Ok(Installed {
+                what: format!("Redis module leasefence version {version} (loaded by the server; nothing was written)"),
+                warnings: warnings(found),
+            })
         }
         BackendUrl::Sqlite(path) => {
             tokio::task::spawn_blocking(move || {
@@ -79,26 +114,35 @@ pub async fn install(url: &str) -> Result<String, ArbiterError> {
             })
             .await
             .map_err(|e| ArbiterError::Task(format!("SQLite install task failed: {e}")))??;
-            Ok(format!("SQLite schema version {}", crate::sqlite::SCHEMA_VERSION))
+            Ok(Installed::new(format!(
+                "SQLite schema version {}",
+                crate::sqlite::SCHEMA_VERSION
+            )))
         }
     }
 }
 
 /// Runs `trials` pause trials against the arbiter at `url` (which must be
-/// installed), in a fresh namespace that is removed afterwards.
+/// installed), in a fresh namespace that is removed afterwards. A Redis
+/// server is first checked as [`install`] checks it: refused when it can
+/// evict fence keys, and the report carries the warnings.
 pub async fn check(url: &str, trials: u32) -> Result<Report, ArbiterError> {
     match BackendUrl::parse(url)? {
         BackendUrl::Postgres(u) => {
             let target = PostgresTarget::connect(&u, IsolationLevel::ReadCommitted).await?;
             pause_check(&Arc::new(target), trials).await
         }
-        BackendUrl::Redis(u) => pause_check(&Arc::new(RedisTarget::connect(&u).await?), trials).await,
-        BackendUrl::RedisModule(u) => {
-            let target = RedisTarget::connect_via(&u, crate::redis::Via::Module).await?;
-            pause_check(&Arc::new(target), trials).await
-        }
+        BackendUrl::Redis(u) => redis_check(&u, crate::redis::Via::Functions, trials).await,
+        BackendUrl::RedisModule(u) => redis_check(&u, crate::redis::Via::Module, trials).await,
         BackendUrl::Sqlite(path) => pause_check(&Arc::new(SqliteTarget::open(&path).await?), trials).await,
     }
+}
+
+async fn redis_check(url: &str, via: crate::redis::Via, trials: u32) -> Result<Report, ArbiterError> {
+    let found = crate::redis::check_settings(&mut crate::redis::connect(url).await?).await?;
+    let mut report = pause_check(&Arc::new(RedisTarget::connect_via(url, via).await?), trials).await?;
+    report.warnings = warnings(found);
+    Ok(report)
 }
 
 #[cfg(test)]

@@ -6,8 +6,9 @@
 
 use leasefence_core::{Invalid, Stale};
 
-/// Why a fenced effect did not happen. In every case nothing of the effect
-/// was committed.
+/// Why a fenced effect did not happen. In every case but two nothing of the
+/// effect was committed: [`Self::NotAcknowledged`] and [`Self::WaitFailed`]
+/// come after a Redis write that the primary applied.
 #[derive(Debug, thiserror::Error)]
 pub enum ArbiterError {
     /// The fence rejected the token: a newer (or, in strict mode, the same)
@@ -41,6 +42,37 @@ pub enum ArbiterError {
     Sqlite(rusqlite::Error),
     #[error("Redis: {0}")]
     Redis(::redis::RedisError),
+    /// The server's settings can lose fences (e.g. Redis may evict fence
+    /// keys); `message` says which setting and what to set instead.
+    #[error("{backend} settings can lose fences: {message}")]
+    UnsafeSettings { backend: &'static str, message: String },
+    /// A fenced Redis write was applied on the primary, but fewer replicas
+    /// (or no local AOF fsync) acknowledged it within the wait's timeout than
+    /// [`crate::redis::WaitFor`] asked for: a failover now could lose the
+    /// write and its token. Read back before retrying.
+    #[error(
+        "the fenced write on {resource} was applied on the primary, but {wait} saw {replicas} replica(s) \
+         acknowledge it{aof}: a failover before the replicas catch up could lose the write and its \
+         token",
+        aof = if wait.waits_for_local_aof() && !*local_aof { " and no local AOF fsync" } else { "" }
+    )]
+    NotAcknowledged {
+        resource: leasefence_core::ResourceId,
+        wait: crate::redis::WaitFor,
+        /// Replicas that acknowledged.
+        replicas: u32,
+        /// Whether the primary fsynced its AOF (only `WAITAOF` reports it).
+        local_aof: bool,
+    },
+    /// A fenced Redis write was applied on the primary, but the wait after it
+    /// could not run (`WAITAOF` on a server before 7.2, no reply within the
+    /// connection's response timeout, ...).
+    #[error("the fenced write on {resource} was applied on the primary, but {wait} failed: {reason}")]
+    WaitFailed {
+        resource: leasefence_core::ResourceId,
+        wait: crate::redis::WaitFor,
+        reason: String,
+    },
     #[error("embedded store: {0}")]
     Embedded(#[from] redb::Error),
     /// A background task of the arbiter itself failed (panicked or was cancelled).

@@ -34,6 +34,9 @@ pub struct Report {
     pub stale_rejected: u32,
     /// Every trial that went wrong, with what was seen.
     pub counterexamples: Vec<Counterexample>,
+    /// What about the backend's settings can lose fences although every
+    /// trial passed (filled by [`crate::check`]; see `redis::check_settings`).
+    pub warnings: Vec<String>,
 }
 
 impl Report {
@@ -70,6 +73,7 @@ pub async fn pause_check<T: ConformanceTarget>(target: &Arc<T>, trials: u32) -> 
         stale_accepted: 0,
         stale_rejected: 0,
         counterexamples: Vec::new(),
+        warnings: Vec::new(),
     };
     let mut rng = SplitMix64::from_os();
     let mut result = Ok(());

@@ -10,9 +10,15 @@
 //! mapped here to [`ArbiterError::Stale`]. The library, with its calling
 //! conventions, is `src/lua/leasefence.lua`. Tokens cover the full `u64` range.
 //! In a cluster, give your data keys the hash tag `{RESOURCE}` so they share the
-//! fence key's slot. The fence is as durable as the server's persistence
-//! settings make it (use `appendonly yes` and `appendfsync always` for
-//! crash-safe fences).
+//! fence key's slot. No data key may start with `leasefence:fence:` (refused
+//! as [`ArbiterError::Invalid`]): a fenced call never writes a fence key, its
+//! own or another resource's. A command that writes nothing records no token.
+//!
+//! The fence is as durable as the server's persistence settings make it (use
+//! `appendonly yes` and `appendfsync always` for crash-safe fences);
+//! [`install`] refuses a server that may evict fence keys
+//! ([`check_settings`]). Replication is asynchronous: [`Via::wait_for`] waits
+//! for replicas after each write ([`WaitFor`]).
 
 use leasefence_core::{Fence, FenceMode, ResourceId, Stale, Token};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
@@ -21,12 +27,24 @@ use redis::{Cmd, FromRedisValue, ToRedisArgs};
 use crate::ArbiterError;
 use crate::reject::observe;
 
+mod settings;
+mod wait;
+mod writer;
+
+pub use settings::{SettingsWarning, check_settings};
+pub use wait::{WAIT_REPLICAS_MAX, WAIT_TIMEOUT_MAX, WaitFor};
+pub use writer::Writer;
+
 const BACKEND: &str = "redis";
 
 /// The library source loaded by [`install`].
 pub const LIBRARY: &str = include_str!("lua/leasefence.lua");
 /// The library version [`install`] loads and checks.
-pub const LIBRARY_VERSION: &str = "3";
+pub const LIBRARY_VERSION: &str = "4";
+/// The module version ([`module_loaded`]) this crate's calls are written for:
+/// 2 refuses every data key under the fence-key prefix and records no fence
+/// for a command that wrote nothing.
+pub const MODULE_VERSION: &str = "2";
 /// Error code of a stale call.
 pub const ERROR_STALE: &str = "STALE";
 
@@ -42,7 +60,11 @@ pub async fn connect(url: &str) -> Result<MultiplexedConnection, ArbiterError> {
 }
 
 /// Loads (or replaces) the `leasefence` library and checks its version.
-pub async fn install<C: ConnectionLike + Send>(conn: &mut C) -> Result<(), ArbiterError> {
+/// First reads the server's settings ([`check_settings`]): a server that can
+/// evict fence keys is refused before anything is loaded; what else can lose
+/// fences is returned.
+pub async fn install<C: ConnectionLike + Send>(conn: &mut C) -> Result<Vec<SettingsWarning>, ArbiterError> {
+    let warnings = check_settings(conn).await?;
     let _: String = redis::cmd("FUNCTION")
         .arg("LOAD")
         .arg("REPLACE")
@@ -50,7 +72,7 @@ pub async fn install<C: ConnectionLike + Send>(conn: &mut C) -> Result<(), Arbit
         .query_async(conn)
         .await?;
     match installed_version(conn).await? {
-        Some(v) if v == LIBRARY_VERSION => Ok(()),
+        Some(v) if v == LIBRARY_VERSION => Ok(warnings),
         other => Err(ArbiterError::Protocol {
             backend: BACKEND,
             message: format!("after FUNCTION LOAD the library reports version {other:?}, expected {LIBRARY_VERSION}"),
@@ -59,7 +81,7 @@ pub async fn install<C: ConnectionLike + Send>(conn: &mut C) -> Result<(), Arbit
 }
 
 /// Connects to `url` and [`install`]s.
-pub async fn install_url(url: &str) -> Result<(), ArbiterError> {
+pub async fn install_url(url: &str) -> Result<Vec<SettingsWarning>, ArbiterError> {
     let mut conn = connect(url).await?;
     install(&mut conn).await
 }
@@ -69,15 +91,26 @@ pub async fn installed_version<C: ConnectionLike + Send>(conn: &mut C) -> Result
     Via::Functions.installed_version(conn).await
 }
 
-/// The module's version (`LEASEFENCE.VERSION`) when it is loaded; otherwise
-/// [`ArbiterError::ModuleNotLoaded`]. Modules cannot be loaded over a
-/// connection (Redis 7 refuses `MODULE LOAD` unless `enable-module-command`
-/// is set), so this only checks.
+/// The module's version (`LEASEFENCE.VERSION`) when it is loaded and is
+/// [`MODULE_VERSION`]; otherwise [`ArbiterError::ModuleNotLoaded`], or
+/// [`ArbiterError::Protocol`] naming both versions for an older or newer
+/// module. Modules cannot be loaded over a connection (Redis 7 refuses
+/// `MODULE LOAD` unless `enable-module-command` is set), so this only checks.
 pub async fn module_loaded<C: ConnectionLike + Send>(conn: &mut C) -> Result<String, ArbiterError> {
-    Via::Module
+    let version = Via::Module
         .installed_version(conn)
         .await?
-        .ok_or(ArbiterError::ModuleNotLoaded)
+        .ok_or(ArbiterError::ModuleNotLoaded)?;
+    if version != MODULE_VERSION {
+        return Err(ArbiterError::Protocol {
+            backend: BACKEND,
+            message: format!(
+                "the server loaded leasefence module version {version}, this client needs version \
+                 {MODULE_VERSION}: build the module from this release and restart the server with it"
+            ),
+        });
+    }
+    Ok(version)
 }
 
 /// Which server-side code runs a fenced call. Both check and record the same
@@ -157,6 +190,11 @@ impl Via {
             Err(e) => Err(e.into()),
         }
     }
+    /// This flavour, waiting after every admitted write as `wait` says (see
+    /// [`WaitFor`]).
+    pub fn wait_for(self, wait: WaitFor) -> Writer {
+        Writer::new(self, Some(wait))
+    }
 
     /// Fenced `SET key value`.
     pub async fn set<C, V>(
@@ -171,10 +209,7 @@ impl Via {
         C: ConnectionLike + Send,
         V: ToRedisArgs,
     {
-        let mut cmd = self.command(Op::Set, fence, mode, &[key]);
-        cmd.arg(value);
-        let _: redis::Value = call(conn, &cmd, fence).await?;
-        Ok(())
+        Writer::new(self, None).set(conn, fence, mode, key, value).await
     }
 
     /// Fenced `SET key value PX ttl`: the value expires after `ttl` (at least
@@ -192,16 +227,9 @@ impl Via {
         C: ConnectionLike + Send,
         V: ToRedisArgs,
     {
-        let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-        if ms == 0 || ms > i64::MAX as u64 {
-            return Err(
-                leasefence_core::Invalid::new("ttl", format!("must be 1 ms..={} ms, got {ttl:?}", i64::MAX)).into(),
-            );
-        }
-        let mut cmd = self.command(Op::Set, fence, mode, &[key]);
-        cmd.arg(value).arg("PX").arg(ms);
-        let _: redis::Value = call(conn, &cmd, fence).await?;
-        Ok(())
+        Writer::new(self, None)
+            .set_with_ttl(conn, fence, mode, key, value, ttl)
+            .await
     }
 
     /// Fenced `DEL keys...`; returns how many keys were removed. The token is
@@ -213,7 +241,7 @@ impl Via {
         mode: FenceMode,
         keys: &[&str],
     ) -> Result<u64, ArbiterError> {
-        call(conn, &self.command(Op::Del, fence, mode, keys), fence).await
+        Writer::new(self, None).del(conn, fence, mode, keys).await
     }
 
     /// Fenced `HSET key field value [field value ...]`; returns how many fields were added.
@@ -230,15 +258,13 @@ impl Via {
         F: ToRedisArgs,
         V: ToRedisArgs,
     {
-        let mut cmd = self.command(Op::HSet, fence, mode, &[key]);
-        for (f, v) in fields {
-            cmd.arg(f).arg(v);
-        }
-        call(conn, &cmd, fence).await
+        Writer::new(self, None).hset(conn, fence, mode, key, fields).await
     }
 
     /// Fenced `XADD stream id field value [field value ...]` (`id` is usually
-    /// `*`); returns the entry id.
+    /// `*`); returns the entry id. (Raw callers may put XADD's options before
+    /// the ID; `NOMKSTREAM` on a missing stream then replies nil and records
+    /// no token.)
     pub async fn xadd<C, F, V>(
         self,
         conn: &mut C,
@@ -253,12 +279,9 @@ impl Via {
         F: ToRedisArgs,
         V: ToRedisArgs,
     {
-        let mut cmd = self.command(Op::XAdd, fence, mode, &[stream]);
-        cmd.arg(id);
-        for (f, v) in fields {
-            cmd.arg(f).arg(v);
-        }
-        call(conn, &cmd, fence).await
+        Writer::new(self, None)
+            .xadd(conn, fence, mode, stream, id, fields)
+            .await
     }
 }
 

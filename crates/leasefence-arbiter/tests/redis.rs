@@ -7,9 +7,10 @@ mod redis_common;
 
 use std::sync::Arc;
 
-use common::{REDIS_URL, service_url, unique_resource};
-use leasefence_arbiter::redis::{self as lf, Via, fence_key};
+use common::{REDIS_URL, fence, service_url, unique_resource};
+use leasefence_arbiter::redis::{self as lf, Via, WaitFor, fence_key};
 use leasefence_arbiter::targets::RedisTarget;
+use leasefence_arbiter::{ArbiterError, FenceMode};
 use redis::aio::MultiplexedConnection;
 use redis_common::{forget, get};
 
@@ -84,4 +85,43 @@ async fn check_dispatches_on_redis_scheme() {
     let report = leasefence_arbiter::check(&url, 5).await.expect("check");
     assert!(report.passed(), "{report:?}");
     assert_eq!((report.backend, report.stale_rejected), ("redis", 5));
+}
+
+/// The shared server has no replicas: a write that waits for one is applied
+/// and comes back as `NotAcknowledged` with 0 replicas; a wait longer than the
+/// connection's response timeout (500 ms) becomes `WaitFailed` saying so (and
+/// the server keeps that connection in WAIT until its own timeout).
+#[tokio::test]
+async fn waiting_for_a_replica_that_is_not_there() {
+    let Some(mut c) = conn().await else { return };
+    let r = unique_resource("no replica");
+    let key = format!("test:{{{r}}}:v");
+    let ms = std::time::Duration::from_millis;
+    let wait = WaitFor::replicas(1, ms(50)).expect("valid");
+    match Via::Functions
+        .wait_for(wait)
+        .set(&mut c, &fence(&r, 1), FenceMode::Strict, &key, "v")
+        .await
+    {
+        Err(ArbiterError::NotAcknowledged { replicas: 0, .. }) => {}
+        other => panic!("no replica to acknowledge: {other:?}"),
+    }
+    assert_eq!(
+        get::<String>(&mut c, &["GET", &key]).await,
+        "v",
+        "applied on the primary"
+    );
+    let long = WaitFor::replicas(1, ms(1500)).expect("valid");
+    match Via::Functions
+        .wait_for(long)
+        .set(&mut c, &fence(&r, 2), FenceMode::Strict, &key, "w")
+        .await
+    {
+        Err(e @ ArbiterError::WaitFailed { .. }) => assert!(e.to_string().contains("response timeout"), "{e}"),
+        other => panic!("the client gives up before WAIT does: {other:?}"),
+    }
+    // The server still holds that connection in WAIT: read on another.
+    let Some(mut other) = conn().await else { return };
+    assert_eq!(redis_common::last(&mut other, &r).await, Some(2));
+    forget(&mut other, &r, &[&key]).await;
 }

@@ -10,93 +10,26 @@
 //! `LEASEFENCE_TEST_REDIS_MODULE_SO` (`.ci/run` sets it).
 
 mod common;
+mod redis_common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{fence, splitmix, unique_resource};
 use leasefence_arbiter::redis::{self as lf, Via, fence_key};
 use leasefence_arbiter::{ArbiterError, FenceMode};
+use redis_common::server::{Server, redis_server_available};
+
+/// Crash-safe persistence: every fenced write is fsynced before it is answered.
+const DURABLE: [&str; 6] = ["--save", "", "--appendonly", "yes", "--appendfsync", "always"];
+
+fn start_durable(dir: &Path, module: Option<&Path>) -> Server {
+    Server::start(dir, module, &DURABLE)
+}
 
 /// Server kills per flavour.
 const KILLS: u64 = 100;
 const MODULE_SO: &str = "LEASEFENCE_TEST_REDIS_MODULE_SO";
-
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Server {
-    /// Starts `redis-server` on `dir` (reloading its AOF) and waits for PING.
-    fn start(dir: &Path, module: Option<&Path>) -> Server {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-            .port();
-        let mut cmd = Command::new("redis-server");
-        cmd.args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--save", ""])
-            .args(["--appendonly", "yes", "--appendfsync", "always", "--dir"])
-            .arg(dir)
-            .args(["--logfile", "redis.log"]);
-        if let Some(so) = module {
-            cmd.arg("--loadmodule").arg(so);
-        }
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn redis-server (is it on PATH?)");
-        let server = Server { child, port };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let up = redis::Client::open(server.url())
-                .and_then(|c| c.get_connection())
-                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c));
-            if up.is_ok() {
-                return server;
-            }
-            assert!(Instant::now() < deadline, "redis-server on {dir:?} did not come up");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    fn kill(mut self) {
-        self.child.kill().expect("SIGKILL redis-server");
-        self.child.wait().expect("reap redis-server");
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// `redis-server` must be runnable; without it the test is skipped, or fails
-/// under `CI=true`.
-fn redis_server_available() -> bool {
-    let ok = Command::new("redis-server")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        assert_ne!(
-            std::env::var("CI").as_deref(),
-            Ok("true"),
-            "CI=true needs redis-server on PATH"
-        );
-        eprintln!("skipped: redis-server is not on PATH");
-    }
-    ok
-}
 
 async fn crash_rounds(via: Via, module: Option<PathBuf>) {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -106,7 +39,7 @@ async fn crash_rounds(via: Via, module: Option<PathBuf>) {
     eprintln!("{via:?}: seed {seed}");
     let mut acked_max = 0u64;
     let mut token = 0u64;
-    let mut server = Server::start(dir.path(), module.as_deref());
+    let mut server = start_durable(dir.path(), module.as_deref());
     if via == Via::Functions {
         lf::install_url(&server.url()).await.expect("install the library");
     }
@@ -116,9 +49,13 @@ async fn crash_rounds(via: Via, module: Option<PathBuf>) {
         let (start, key2) = (token, key.clone());
         let r2 = r.clone();
         let writer = tokio::spawn(async move {
-            let mut conn = lf::connect(&url).await.expect("connect");
             let mut acked = Vec::new();
             let mut t = start;
+            // The kill may come before the writer is connected (a loaded
+            // machine): then nothing was sent.
+            let Ok(mut conn) = lf::connect(&url).await else {
+                return (acked, t);
+            };
             loop {
                 t += 1;
                 match via
@@ -137,7 +74,7 @@ async fn crash_rounds(via: Via, module: Option<PathBuf>) {
         acked_max = acked.last().copied().unwrap_or(acked_max).max(acked_max);
         token = attempted;
 
-        server = Server::start(dir.path(), module.as_deref());
+        server = start_durable(dir.path(), module.as_deref());
         let mut conn = lf::connect(&server.url()).await.expect("reconnect");
         let recorded = lf::last_token(&mut conn, &r).await.expect("fence").map(|t| t.get());
         let value: Option<String> = redis::cmd("GET").arg(&key).query_async(&mut conn).await.expect("GET");

@@ -18,7 +18,7 @@ use leasefence_arbiter::redis::{self as lf, Via, fence_key};
 use leasefence_arbiter::targets::RedisTarget;
 use leasefence_arbiter::{ArbiterError, FenceMode};
 use redis::aio::MultiplexedConnection;
-use redis_common::{expect_stale, forget, get, last, raw};
+use redis_common::{expect_stale, forget, get, last, raw, wait_for_replica};
 
 const MODULE_URL: &str = "LEASEFENCE_TEST_REDIS_MODULE_URL";
 const REPLICA_URL: &str = "LEASEFENCE_TEST_REDIS_MODULE_REPLICA_URL";
@@ -51,7 +51,7 @@ mod scenarios {
 #[tokio::test]
 async fn version_and_usage_errors() {
     let Some(mut c) = conn().await else { return };
-    assert_eq!(lf::module_loaded(&mut c).await.expect("version"), "1");
+    assert_eq!(lf::module_loaded(&mut c).await.expect("version"), lf::MODULE_VERSION);
     let r = unique_resource("module usage");
     let (fk, key) = (fence_key(&r), format!("test:{{{r}}}:usage"));
     let calls: [(&str, &[&str]); 7] = [
@@ -213,23 +213,6 @@ async fn replicas_without_the_module_get_every_write() {
     forget(&mut c, &r, &[&key, &stream, &plain]).await;
 }
 
-/// Waits until a replica has acknowledged every write so far.
-async fn wait_for_replica(c: &mut MultiplexedConnection) {
-    // WAIT in short steps (the client's reply timeout is shorter than a
-    // replica's first full sync may take).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let acked: i64 = get(c, &["WAIT", "1", "200"]).await;
-        if acked >= 1 {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the replica did not acknowledge the writes in 10 s"
-        );
-    }
-}
-
 /// A key's type and content, comparable between servers.
 async fn snapshot(c: &mut MultiplexedConnection, key: &[u8]) -> (String, Vec<Vec<u8>>) {
     let kind: String = redis::cmd("TYPE").arg(key).query_async(c).await.expect("TYPE");
@@ -270,7 +253,12 @@ async fn check_dispatches_on_redis_module_scheme() {
     let installed = leasefence_arbiter::install(&module_url)
         .await
         .expect("install checks the module");
-    assert!(installed.contains("module leasefence version 1"), "{installed}");
+    assert!(
+        installed
+            .what
+            .contains(&format!("module leasefence version {}", lf::MODULE_VERSION)),
+        "{installed}"
+    );
     let report = leasefence_arbiter::check(&module_url, 5).await.expect("check");
     assert!(report.passed(), "{report:?}");
     assert_eq!((report.backend, report.stale_rejected), ("redis", 5));
@@ -368,7 +356,10 @@ async fn random_arguments_never_crash_the_server_or_move_the_fence_back() {
     }
     let pong: String = get(&mut c, &["PING"]).await;
     assert_eq!(pong, "PONG");
-    assert_eq!(lf::module_loaded(&mut c).await.expect("still loaded"), "1");
+    assert_eq!(
+        lf::module_loaded(&mut c).await.expect("still loaded"),
+        lf::MODULE_VERSION
+    );
     assert!(
         answered[0] > 0 && answered[1] > 0,
         "both admitted and refused calls: {answered:?}"
@@ -442,5 +433,44 @@ async fn cluster_routes_fenced_calls_by_their_keys() {
         assert_eq!(removed.expect("DEL of two keys in the slot"), 1, "{via:?}");
         assert_eq!(last(conn, &r).await, Some(2), "{via:?}");
         forget(conn, &r, &[]).await;
+    }
+}
+
+/// In a cluster, the fence key of `b` and the fence key of `b}tail` share a
+/// slot (the hash tag ends at the first `}`), so the holder of `b}tail` could
+/// reach `b`'s fence key without a CROSSSLOT error. Both flavours refuse it
+/// as a data key, on the node that owns the slot, and `b`'s fence stays.
+#[tokio::test]
+async fn cluster_refuses_a_fence_key_in_the_same_slot() {
+    let Some(urls) = service_url(CLUSTER_URLS) else { return };
+    for via in [Via::Functions, Via::Module] {
+        let b = unique_resource("cluster victim");
+        let a = leasefence_arbiter::ResourceId::new(&format!("{b}}}tail")).expect("valid resource");
+        let (key_b, fence_b) = (format!("test:{{{b}}}:v"), fence_key(&b));
+        let mut owner = None;
+        for url in urls.split(',') {
+            let mut conn = lf::connect(url).await.expect("connect to a cluster node");
+            lf::install(&mut conn).await.expect("install the library on the node");
+            if via
+                .set(&mut conn, &fence(&b, 10), FenceMode::Strict, &key_b, "b10")
+                .await
+                .is_ok()
+            {
+                owner = Some(conn);
+            }
+        }
+        let mut conn = owner.unwrap_or_else(|| panic!("{via:?}: no node took b's write"));
+        let res = via
+            .set(&mut conn, &fence(&a, 1), FenceMode::Strict, &fence_b, "1")
+            .await;
+        assert!(
+            matches!(&res, Err(ArbiterError::Invalid(_))),
+            "{via:?}: the holder of {a} wrote the fence key of {b}: {res:?}"
+        );
+        let res = via.del(&mut conn, &fence(&a, 1), FenceMode::Strict, &[&fence_b]).await;
+        assert!(matches!(&res, Err(ArbiterError::Invalid(_))), "{via:?}: {res:?}");
+        assert_eq!(last(&mut conn, &b).await, Some(10), "{via:?}");
+        assert_eq!(last(&mut conn, &a).await, None, "{via:?}");
+        forget(&mut conn, &b, &[&key_b]).await;
     }
 }

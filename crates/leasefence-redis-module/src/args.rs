@@ -10,6 +10,18 @@ use leasefence_core::{FenceMode, Token};
 /// The prefix of every fence key; the resource follows, then `}`.
 pub const FENCE_PREFIX: &[u8] = b"leasefence:fence:{";
 
+/// The prefix no fenced command may write as data (the fence key's, without
+/// the brace): not its own fence key, not another resource's (a holder of `a`
+/// could reset the fence of `b`; in a cluster the fence key of `b}x` shares
+/// the slot of `b`'s), not anything else that looks like one. Every fence key
+/// starts with it, so a key that contains it only later is an ordinary key.
+pub const RESERVED_PREFIX: &[u8] = b"leasefence:fence:";
+
+/// Whether a fenced command may write `key` as data.
+pub fn writable(key: &[u8]) -> bool {
+    !key.starts_with(RESERVED_PREFIX)
+}
+
 /// The resource inside a fence key, or `None` when `key` is not one.
 pub fn resource_of(key: &[u8]) -> Option<&[u8]> {
     let rest = key.strip_prefix(FENCE_PREFIX)?.strip_suffix(b"}")?;
@@ -96,6 +108,26 @@ mod tests {
         assert_eq!(resource_of(b"leasefence:fence:{a}b}"), Some(&b"a}b"[..]));
         for bad in [&b"leasefence:fence:{}"[..], b"leasefence:fence:{x", b"fence:{x}", b""] {
             assert_eq!(resource_of(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn fence_prefixed_keys_are_not_writable() {
+        for reserved in [
+            &b"leasefence:fence:{orders/7}"[..],
+            b"leasefence:fence:",
+            b"leasefence:fence:{x",
+            b"leasefence:fence:x",
+        ] {
+            assert!(!writable(reserved), "{:?}", String::from_utf8_lossy(reserved));
+        }
+        for ordinary in [
+            &b"{x}leasefence:fence:{y}"[..],
+            b"leasefence:fenc",
+            b"LEASEFENCE:FENCE:{y}",
+            b"",
+        ] {
+            assert!(writable(ordinary), "{:?}", String::from_utf8_lossy(ordinary));
         }
     }
 

@@ -8,13 +8,17 @@
 //! LEASEFENCE.SET  FENCE KEY TOKEN MODE VALUE [EX s | PX ms | EXAT t | PXAT t | KEEPTTL]  -> OK
 //! LEASEFENCE.DEL  FENCE KEY [KEY ...] TOKEN MODE                                        -> keys removed
 //! LEASEFENCE.HSET FENCE KEY TOKEN MODE FIELD VALUE [FIELD VALUE ...]                    -> fields added
-//! LEASEFENCE.XADD FENCE STREAM TOKEN MODE ID FIELD VALUE [FIELD VALUE ...]              -> entry id
-//! LEASEFENCE.VERSION                                                                    -> "1"
+//! LEASEFENCE.XADD FENCE STREAM TOKEN MODE [OPTIONS] ID FIELD VALUE [FIELD VALUE ...]    -> entry id or nil
+//! LEASEFENCE.VERSION                                                                    -> "2"
 //! ```
 //!
 //! A stale call fails with `-STALE <presented> <current> <resource>`, bad
 //! arguments with `-LFINVALID <reason>`, a fence key holding something other
-//! than a token with `-LFCORRUPT`.
+//! than a token with `-LFCORRUPT`. No data key may start with the fence-key
+//! prefix `leasefence:fence:` (`-LFINVALID`): a fenced call must not write
+//! its own fence key or another resource's. A command that writes nothing
+//! records no fence: `XADD ... NOMKSTREAM` on a missing stream replies nil
+//! and leaves the token unused (SET's NX, XX and GET are refused instead).
 //!
 //! SET is done with the key API (no nested command call: that is where the
 //! speed comes from) and propagated to replicas and the AOF as one `MSET key
@@ -32,15 +36,16 @@ use crate::args::{self, Expiry};
 use crate::ffi::{self, Ctx, RString, api, bytes};
 
 /// The module's calling-convention version, reported by `LEASEFENCE.VERSION`.
-pub const VERSION: &CStr = c"1";
+pub const VERSION: &CStr = c"2";
 
 const BAD_FENCE: &CStr = c"LFINVALID FENCE must be the fence key leasefence:fence:{RESOURCE}";
 const BAD_TOKEN: &CStr = c"LFINVALID token must be a decimal integer in 1..18446744073709551615";
 const BAD_MODE: &CStr = c"LFINVALID mode must be 'strict' or 'monotonic'";
-const SELF_WRITE: &CStr = c"LFINVALID the fenced command must not write the fence key itself";
+const RESERVED_KEY: &CStr = c"LFINVALID data keys must not start with leasefence:fence: (the prefix of fence keys)";
 const DEL_USAGE: &CStr = c"LFINVALID usage: LEASEFENCE.DEL FENCE KEY [KEY ...] TOKEN MODE";
 const HSET_USAGE: &CStr = c"LFINVALID usage: LEASEFENCE.HSET FENCE KEY TOKEN MODE FIELD VALUE [FIELD VALUE ...]";
-const XADD_USAGE: &CStr = c"LFINVALID usage: LEASEFENCE.XADD FENCE STREAM TOKEN MODE ID FIELD VALUE [FIELD VALUE ...]";
+const XADD_USAGE: &CStr =
+    c"LFINVALID usage: LEASEFENCE.XADD FENCE STREAM TOKEN MODE [OPTIONS] ID FIELD VALUE [FIELD VALUE ...]";
 
 fn reply_error(ctx: *mut Ctx, message: &CStr) -> c_int {
     // SAFETY: ctx is the live command context; the message is NUL-terminated.
@@ -93,13 +98,13 @@ fn check(ctx: *mut Ctx, fence: *mut RString, token: *mut RString, mode: *mut RSt
     }
 }
 
-/// Refuses a call whose effect would write the fence key itself (the effect
-/// would overwrite the token, or the token the effect).
-fn not_the_fence(ctx: *mut Ctx, fence: *mut RString, keys: &[*mut RString]) -> Result<(), c_int> {
+/// Refuses a call whose effect would write a key under the fence-key prefix
+/// ([`args::writable`]): its own fence key (the effect would overwrite the
+/// token, or the token the effect) or any other resource's.
+fn no_fence_keys(ctx: *mut Ctx, keys: &[*mut RString]) -> Result<(), c_int> {
     // SAFETY: argv strings of the running command.
-    let fence_name = unsafe { bytes(fence) };
-    if keys.iter().any(|k| unsafe { bytes(*k) } == fence_name) {
-        return Err(reply_error(ctx, SELF_WRITE));
+    if keys.iter().any(|k| !args::writable(unsafe { bytes(*k) })) {
+        return Err(reply_error(ctx, RESERVED_KEY));
     }
     Ok(())
 }
@@ -202,7 +207,7 @@ pub unsafe extern "C" fn set(ctx: *mut Ctx, argv_ptr: *mut *mut RString, argc: c
     if !(6..=8).contains(&a.len()) {
         return reply_owned_error(ctx, args::SET_USAGE.to_string());
     }
-    if let Err(reply) = check(ctx, a[1], a[3], a[4]).and_then(|()| not_the_fence(ctx, a[1], &a[2..3])) {
+    if let Err(reply) = check(ctx, a[1], a[3], a[4]).and_then(|()| no_fence_keys(ctx, &a[2..3])) {
         return reply;
     }
     let api = api();
@@ -275,12 +280,12 @@ pub unsafe extern "C" fn set(ctx: *mut Ctx, argv_ptr: *mut *mut RString, argc: c
 }
 
 /// Checks the fence, runs `command` with `effect` as its arguments through
-/// `RedisModule_Call` (replicated), and records the token only if it succeeded.
+/// `RedisModule_Call` (replicated), and records the token only if it wrote
+/// something: not after an error, not after a nil reply.
 /// The first `keys` arguments of `effect` are the keys it writes.
 fn fenced_call(ctx: *mut Ctx, fence: [*mut RString; 3], command: &CStr, effect: &[*mut RString], keys: usize) -> c_int {
     let [fence_key, token, mode] = fence;
-    if let Err(reply) = check(ctx, fence_key, token, mode).and_then(|()| not_the_fence(ctx, fence_key, &effect[..keys]))
-    {
+    if let Err(reply) = check(ctx, fence_key, token, mode).and_then(|()| no_fence_keys(ctx, &effect[..keys])) {
         return reply;
     }
     let api = api();
@@ -294,7 +299,9 @@ fn fenced_call(ctx: *mut Ctx, fence: [*mut RString; 3], command: &CStr, effect: 
                 c"ERR the fenced command could not run (arity, cluster slot or memory)",
             );
         }
-        if (api.call_reply_type)(reply) == ffi::REPLY_ERROR {
+        // An error: the command changed nothing. Nil: it wrote nothing
+        // (XADD NOMKSTREAM without a stream), so the token stays unused.
+        if matches!((api.call_reply_type)(reply), ffi::REPLY_ERROR | ffi::REPLY_NULL) {
             let rc = (api.reply_with_call_reply)(ctx, reply);
             (api.free_call_reply)(reply);
             return rc;
@@ -339,11 +346,12 @@ pub unsafe extern "C" fn hset(ctx: *mut Ctx, argv_ptr: *mut *mut RString, argc: 
     one_key_call(ctx, a, c"HSET")
 }
 
-/// `LEASEFENCE.XADD FENCE STREAM TOKEN MODE ID FIELD VALUE [FIELD VALUE ...]`.
+/// `LEASEFENCE.XADD FENCE STREAM TOKEN MODE [OPTIONS] ID FIELD VALUE [FIELD
+/// VALUE ...]`; XADD itself checks the options and the field count.
 pub unsafe extern "C" fn xadd(ctx: *mut Ctx, argv_ptr: *mut *mut RString, argc: c_int) -> c_int {
     // SAFETY: called by Redis as a command function.
     let a = unsafe { argv(argv_ptr, argc) };
-    if a.len() < 8 || a.len() % 2 == 1 {
+    if a.len() < 8 {
         return reply_error(ctx, XADD_USAGE);
     }
     one_key_call(ctx, a, c"XADD")

@@ -37,6 +37,7 @@ pub const WRITE: c_int = 1 << 1;
 pub const KEYTYPE_EMPTY: c_int = 0;
 pub const KEYTYPE_STRING: c_int = 1;
 pub const REPLY_ERROR: c_int = 1;
+pub const REPLY_NULL: c_int = 4;
 pub const NO_EXPIRE: c_longlong = -1;
 pub const NOTIFY_GENERIC: c_int = 1 << 2;
 pub const NOTIFY_STRING: c_int = 1 << 3;

@@ -23,7 +23,8 @@ use crate::{CmdResult, Failure};
 #[derive(Subcommand, Debug)]
 pub enum ArbiterCommand {
     /// Install (or upgrade) the fence table and functions: postgres://, sqlite://PATH, redis://
-    /// (redis+module:// only checks that the module is loaded).
+    /// (redis+module:// only checks that the module is loaded). A Redis that may evict fence
+    /// keys (maxmemory-policy allkeys-*) is refused (exit 5); no persistence is a warning.
     Install { url: String },
     /// The pause test kit: prove a real arbiter rejects a paused worker's stale effect.
     Check {
@@ -64,6 +65,9 @@ impl From<Mode> for FenceMode {
 fn failure(e: ArbiterError) -> Failure {
     match e {
         ArbiterError::Invalid(_) => Failure::new(Failure::INVALID, e),
+        // A server that can lose fences (Redis evicting fence keys): the
+        // check failed before any trial.
+        ArbiterError::UnsafeSettings { .. } => Failure::new(Failure::CHECK_FAILED, e),
         ArbiterError::Stale(s) => {
             println!("rejected: {s}");
             Failure::new(
@@ -79,6 +83,7 @@ pub async fn run(c: ArbiterCommand) -> CmdResult {
     match c {
         ArbiterCommand::Install { url } => {
             let installed = leasefence_arbiter::install(&url).await.map_err(failure)?;
+            warn(&installed.warnings);
             println!("installed the leasefence arbiter: {installed}");
             Ok(())
         }
@@ -94,6 +99,7 @@ pub async fn run(c: ArbiterCommand) -> CmdResult {
 
 async fn check(url: &str, trials: u32) -> CmdResult {
     let report = leasefence_arbiter::check(url, trials).await.map_err(failure)?;
+    warn(&report.warnings);
     for c in &report.counterexamples {
         println!(
             "counterexample: trial {} on {}: paused token {}, newer token {}: {}",
@@ -111,6 +117,14 @@ async fn check(url: &str, trials: u32) -> CmdResult {
             Failure::CHECK_FAILED,
             anyhow::anyhow!("the arbiter accepted stale effects"),
         ))
+    }
+}
+
+/// Settings of the backend that can lose fences (Redis without persistence,
+/// a CONFIG that could not be read): printed, never fatal.
+fn warn(warnings: &[String]) {
+    for w in warnings {
+        eprintln!("warning: {w}");
     }
 }
 

@@ -1,6 +1,6 @@
 #!lua name=leasefence
 
--- leasefence fenced commands for Redis 7+ (Functions). Library version 3.
+-- leasefence fenced commands for Redis 7+ (Functions). Library version 4.
 --
 -- Every fenced function takes
 --   KEYS[1] = the fence key 'leasefence:fence:{RESOURCE}' (the braces make the
@@ -11,8 +11,18 @@
 -- A stale call changes nothing and fails with
 --   -STALE <presented> <current> <resource>
 -- Invalid arguments fail with -LFINVALID <reason>, and so does a call whose
--- command would write the fence key itself (the effect and the token would
--- overwrite each other).
+-- command would write any key under the fence-key prefix 'leasefence:fence:'
+-- as data: its own fence key (the effect and the token would overwrite each
+-- other) or another resource's (a holder of 'a' could reset the fence of 'b'
+-- and let b's stale writers through; in a cluster, the fence key of 'b}x'
+-- shares the slot of b's). Every fence key starts with the prefix, so keys
+-- that only contain it later on are ordinary keys.
+--
+-- A call whose command writes nothing records no fence: XADD ... NOMKSTREAM
+-- on a missing stream replies nil and leaves the token unused. SET's NX, XX
+-- and GET are refused instead (see SET_EXPIRY). DEL records the token even
+-- when no key existed: its effect is that the keys are absent, which a stale
+-- SET must not undo.
 --
 -- Order inside a call: read and check the fence, apply the command, then record
 -- the token. If the command itself fails (WRONGTYPE, a bad stream ID) the call
@@ -26,7 +36,8 @@
 -- work: 2.3-2.5 µs of server time per fenced SET in INFO commandstats, version
 -- 2 about 1.95 µs, against 0.15 µs for a plain SET).
 
-local VERSION = '3'
+local VERSION = '4'
+local FENCE_PREFIX = 'leasefence:fence:'
 local U64_MAX = '18446744073709551615'
 
 -- A canonical u64 decimal: no sign, no leading zero, at most U64_MAX.
@@ -57,8 +68,8 @@ local function check(keys, args)
         return invalid("mode must be 'strict' or 'monotonic'")
     end
     for i = 2, #keys do
-        if keys[i] == fence_key then
-            return invalid('the fenced command must not write the fence key itself')
+        if string.sub(keys[i], 1, 17) == FENCE_PREFIX then
+            return invalid('data keys must not start with ' .. FENCE_PREFIX .. ' (the prefix of fence keys)')
         end
     end
     local current = redis.call('GET', fence_key)
@@ -138,14 +149,21 @@ local function fenced_hset(keys, args)
     return reply
 end
 
--- FCALL leasefence_xadd 2 FENCE STREAM TOKEN MODE ID FIELD VALUE [FIELD VALUE...]  -> entry id
+-- FCALL leasefence_xadd 2 FENCE STREAM TOKEN MODE [OPTIONS] ID FIELD VALUE [FIELD VALUE...]
+--   -> entry id, or nil (and no fence) when NOMKSTREAM found no stream
+-- OPTIONS are XADD's own (NOMKSTREAM, MAXLEN/MINID [=|~] n [LIMIT n]); XADD
+-- checks them and the field count.
 local function fenced_xadd(keys, args)
-    if #keys ~= 2 or #args < 5 or #args % 2 ~= 1 then
-        return invalid('usage: FCALL leasefence_xadd 2 FENCE STREAM TOKEN MODE ID FIELD VALUE [FIELD VALUE...]')
+    if #keys ~= 2 or #args < 5 then
+        return invalid('usage: FCALL leasefence_xadd 2 FENCE STREAM TOKEN MODE [OPTIONS] ID FIELD VALUE [FIELD VALUE...]')
     end
     local err = check(keys, args)
     if err then return err end
     local reply = redis.call('XADD', keys[2], unpack(args, 3))
+    if not reply then
+        -- NOMKSTREAM and no stream: nothing was written, so no token either.
+        return reply
+    end
     redis.call('SET', keys[1], args[1])
     return reply
 end

@@ -4,6 +4,13 @@
 
 #![allow(dead_code, unused_macros)]
 
+mod hardening;
+pub mod server;
+
+// Used by `redis_scenarios!`, which not every test file expands.
+#[allow(unused_imports)]
+pub use hardening::{fence_keys_are_off_limits, xadd_nomkstream_on_a_missing_stream_records_no_fence};
+
 use leasefence_arbiter::redis::{self as lf, Via, fence_key};
 use leasefence_arbiter::{ArbiterError, FenceMode, ResourceId};
 use redis::aio::MultiplexedConnection;
@@ -335,6 +342,23 @@ pub async fn tokens_of_every_length_round_trip(mut c: MultiplexedConnection, via
     forget(&mut c, &r, &[&key]).await;
 }
 
+/// Waits until a replica has acknowledged every write so far.
+pub async fn wait_for_replica(c: &mut MultiplexedConnection) {
+    // WAIT in short steps (the client's reply timeout is shorter than a
+    // replica's first full sync may take).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let acked: i64 = get(c, &["WAIT", "1", "200"]).await;
+        if acked >= 1 {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replica did not acknowledge the writes in 10 s"
+        );
+    }
+}
+
 /// One `#[tokio::test]` per scenario; `$conn` evaluates to a future of
 /// `Option<MultiplexedConnection>` (`None`: skipped).
 macro_rules! redis_scenarios {
@@ -346,7 +370,9 @@ macro_rules! redis_scenarios {
             failing_command_leaves_the_fence_unchanged,
             reply_format_and_invalid_arguments,
             corrupt_fence_is_refused,
-            tokens_of_every_length_round_trip
+            tokens_of_every_length_round_trip,
+            fence_keys_are_off_limits,
+            xadd_nomkstream_on_a_missing_stream_records_no_fence
         );
     };
     (@each $conn:expr, $via:expr; $($name:ident),*) => {$(
