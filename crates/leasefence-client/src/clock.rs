@@ -100,6 +100,8 @@ impl Default for SystemClock {
 impl Clock for SystemClock {
     #[cfg(target_os = "linux")]
     fn now(&self) -> Stamp {
+        // CLOCK_BOOTTIME exists since Linux 2.6.39, older than any kernel
+        // Rust supports; rustix reads it through the vDSO.
         let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
         // The kernel never reports a negative boot time; clamp rather than trust.
         let secs = u64::try_from(t.tv_sec).unwrap_or(0);

@@ -87,7 +87,15 @@ impl ChildArgs {
         LeaseConfig::new(self.ttl)
             .with_margin(margin)
             .margin()
-            .map_err(|e| Failure::invalid(format!("--margin {}: {}", show(margin), e.message())))?;
+            .map_err(|e| match self.margin {
+                Some(_) => Failure::invalid(format!("--margin {}: {}", show(margin), e.message())),
+                None => Failure::invalid(format!(
+                    "--ttl {} leaves no room for its default safety margin {}: the margin {}",
+                    show(self.ttl),
+                    show(margin),
+                    e.message()
+                )),
+            })?;
         // The child must be dead this long after the last renewal.
         let window = self.ttl - margin;
         let grace = match self.grace {
