@@ -1,6 +1,7 @@
 //! The self-fencing arithmetic: until when a lease is provably held, and how
-//! often to renew it. Pure functions of given instants, so they are tested
-//! without a server or a clock.
+//! often to renew it. Pure functions of given clock readings ([`Stamp`]s of
+//! the client's [`crate::Clock`], `CLOCK_BOOTTIME` on Linux), so they are
+//! tested without a server or a clock.
 //!
 //! The coordinator extends a lease by its TTL from the moment it *receives* a
 //! renewal, which is after the client *sent* it. So `sent + ttl` is a moment at
@@ -15,16 +16,26 @@
 //!   and letting it die (50 ms is a floor for that, however short the TTL).
 //!
 //! Hence the default margin `max(ttl/10, 50 ms)`, capped at half the TTL so
-//! that a short lease still leaves time to work. The margin only decides when
-//! the holder *stops*; safety still rests on the arbiters checking tokens.
+//! that a short lease still leaves time to work. A configured margin may be
+//! smaller, but never below [`MARGIN_MIN`] (1 ms): the coordinator counts in
+//! whole milliseconds, truncating the moment it received the renewal, so by
+//! the client's clock its expiry can come up to a millisecond before
+//! `sent + ttl`; a zero margin would put the deadline after it. The margin
+//! only decides when the holder *stops*; safety still rests on the arbiters
+//! checking tokens.
 
 use std::time::Duration;
 
 use leasefence_core::Invalid;
-use tokio::time::Instant;
 
-/// The smallest default safety margin (see the module doc).
-pub const MARGIN_MIN: Duration = Duration::from_millis(50);
+use crate::clock::Stamp;
+
+/// The smallest safety margin accepted: it covers the coordinator's
+/// rounding to whole milliseconds (see the module doc).
+pub const MARGIN_MIN: Duration = Duration::from_millis(1);
+
+/// The smallest *default* safety margin: the holder's reaction time.
+pub const DEFAULT_MARGIN_FLOOR: Duration = Duration::from_millis(50);
 
 /// Renewals sent per usable lease window (`ttl - margin`): three chances to
 /// get one through before the deadline.
@@ -38,11 +49,22 @@ const RENEWALS_PER_WINDOW: u32 = 3;
 /// (timers, scheduling, signalling a child) however short the TTL; the cap
 /// keeps half of a short lease usable.
 pub fn default_margin(ttl: Duration) -> Duration {
-    (ttl / 10).max(MARGIN_MIN).min(ttl / 2)
+    (ttl / 10).max(DEFAULT_MARGIN_FLOOR).min(ttl / 2)
 }
 
-/// Checks a configured margin: it must leave part of the TTL usable.
+/// Checks a configured margin: at least [`MARGIN_MIN`], and it must leave
+/// part of the TTL usable.
 pub fn check_margin(ttl: Duration, margin: Duration) -> Result<Duration, Invalid> {
+    if margin < MARGIN_MIN {
+        return Err(Invalid::new(
+            "margin",
+            format!(
+                "must be at least {} ms (the coordinator rounds to whole milliseconds), got {:?}",
+                MARGIN_MIN.as_millis(),
+                margin
+            ),
+        ));
+    }
     if margin >= ttl {
         return Err(Invalid::new(
             "margin",
@@ -59,8 +81,8 @@ pub fn check_margin(ttl: Duration, margin: Duration) -> Result<Duration, Invalid
 /// The last moment the lease is provably held, given that a renewal (or the
 /// acquire) *sent* at `sent` succeeded and the coordinator then reported
 /// `valid_for` (its TTL, or the time left if shorter).
-pub fn deadline(sent: Instant, valid_for: Duration, margin: Duration) -> Instant {
-    sent + valid_for.saturating_sub(margin)
+pub fn deadline(sent: Stamp, valid_for: Duration, margin: Duration) -> Stamp {
+    sent.saturating_add(valid_for.saturating_sub(margin))
 }
 
 /// How often to renew: about a third of the usable window, never zero.
@@ -88,16 +110,26 @@ mod tests {
     #[test]
     fn margin_must_leave_time() {
         assert_eq!(check_margin(ms(300), ms(299)), Ok(ms(299)));
+        assert_eq!(check_margin(ms(300), ms(1)), Ok(ms(1)));
         assert_eq!(check_margin(ms(300), ms(300)).unwrap_err().field(), "margin");
         assert!(check_margin(ms(300), ms(301)).is_err());
     }
 
     #[test]
+    fn a_zero_margin_is_refused() {
+        let e = check_margin(ms(300), Duration::ZERO).unwrap_err();
+        assert_eq!(e.field(), "margin");
+        assert!(e.message().contains("at least 1 ms"), "{e}");
+        assert!(check_margin(ms(300), Duration::from_micros(999)).is_err());
+    }
+
+    #[test]
     fn deadline_counts_from_the_send_time_minus_the_margin() {
-        let sent = Instant::now();
-        assert_eq!(deadline(sent, ms(1_000), ms(100)), sent + ms(900));
+        let sent = Stamp::from_origin(Duration::from_secs(7));
+        assert_eq!(deadline(sent, ms(1_000), ms(100)), sent.saturating_add(ms(900)));
         // A reply that took 400 ms to arrive does not move the deadline.
-        assert_eq!(deadline(sent, ms(1_000), ms(100)) - (sent + ms(400)), ms(500));
+        let arrived = sent.saturating_add(ms(400));
+        assert_eq!(deadline(sent, ms(1_000), ms(100)).saturating_since(arrived), ms(500));
         assert_eq!(deadline(sent, ms(50), ms(100)), sent, "never before the send time");
     }
 

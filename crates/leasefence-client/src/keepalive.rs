@@ -13,10 +13,11 @@ use std::time::Duration;
 use leasefence_core::{LeaseId, ResourceId, Token};
 use leasefence_proto::v1 as pb;
 use tokio::sync::mpsc;
-use tokio::time::{Instant, sleep_until};
+use tokio::time::{Instant, sleep, sleep_until};
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::Client;
+use crate::clock::{self, Stamp};
 use crate::deadline::{deadline, renew_interval};
 use crate::watch::{Loss, StateTx, set_lost};
 
@@ -49,8 +50,13 @@ impl KeepAlive {
         set_lost(&self.state, loss);
     }
 
-    fn deadline(&self) -> Instant {
+    fn deadline(&self) -> Stamp {
         self.state.borrow().deadline
+    }
+
+    /// Completes at the current deadline (on the lease's clock).
+    async fn until_deadline(&self) {
+        clock::sleep_until(self.state.clock(), self.deadline()).await;
     }
 
     fn interval(&self) -> Duration {
@@ -63,9 +69,11 @@ impl KeepAlive {
             match self.one_stream().await {
                 StreamEnd::Lost(loss) => return loss,
                 StreamEnd::Broken => {
-                    let retry_at = (Instant::now() + backoff).min(self.deadline());
-                    sleep_until(retry_at).await;
-                    if Instant::now() >= self.deadline() {
+                    tokio::select! {
+                        () = sleep(backoff) => {}
+                        () = self.until_deadline() => {}
+                    }
+                    if self.state.now() >= self.deadline() {
                         return Loss::Expired;
                     }
                     backoff = (backoff * 2).min(self.interval());
@@ -77,13 +85,14 @@ impl KeepAlive {
     /// Records that a renewal sent at `sent` succeeded with `valid_for` left.
     /// A success that arrives after the deadline cannot revive the lease:
     /// anyone may have been told it is lost already.
-    fn proven(&self, sent: Instant, valid_for: Duration) -> Option<Loss> {
+    fn proven(&self, sent: Stamp, valid_for: Duration) -> Option<Loss> {
         let mut lost = None;
+        let now = self.state.now();
         self.state.send_if_modified(|s| {
             if s.loss.is_some() {
                 return false;
             }
-            if Instant::now() >= s.deadline {
+            if now >= s.deadline {
                 s.loss = Some(Loss::Expired);
                 lost = s.loss;
                 return true;
@@ -115,7 +124,7 @@ impl KeepAlive {
         }
     }
 
-    fn answered(&self, in_flight: &mut VecDeque<Instant>, lease: &pb::Lease) -> Option<StreamEnd> {
+    fn answered(&self, in_flight: &mut VecDeque<Stamp>, lease: &pb::Lease) -> Option<StreamEnd> {
         let Some(sent) = in_flight.pop_front() else {
             return Some(StreamEnd::Broken);
         };
@@ -131,11 +140,13 @@ impl KeepAlive {
     async fn one_stream(&self) -> StreamEnd {
         let (tx, rx) = mpsc::channel(IN_FLIGHT_MAX);
         let mut in_flight = VecDeque::with_capacity(IN_FLIGHT_MAX);
-        let mut next_at = (self.state.borrow().renewed_at + self.interval()).max(Instant::now());
+        // Renewals are timed on tokio's clock, from the lease clock's reading.
+        let due = self.state.borrow().renewed_at.saturating_add(self.interval());
+        let mut next_at = Instant::now() + due.saturating_since(self.state.now());
         let mut grpc = self.client.grpc();
         let opened = tokio::select! {
             biased;
-            () = sleep_until(self.deadline()) => return StreamEnd::Lost(Loss::Expired),
+            () = self.until_deadline() => return StreamEnd::Lost(Loss::Expired),
             r = grpc.keep_alive(ReceiverStream::new(rx)) => r,
         };
         let mut inbound = match opened {
@@ -145,7 +156,7 @@ impl KeepAlive {
         loop {
             tokio::select! {
                 biased;
-                () = sleep_until(self.deadline()) => return StreamEnd::Lost(Loss::Expired),
+                () = self.until_deadline() => return StreamEnd::Lost(Loss::Expired),
                 msg = inbound.message() => match msg {
                     Ok(Some(lease)) => {
                         if let Some(end) = self.answered(&mut in_flight, &lease) {
@@ -156,8 +167,8 @@ impl KeepAlive {
                     Err(status) => return self.classify(&status),
                 },
                 () = sleep_until(next_at) => {
-                    let now = Instant::now();
-                    let stalled = in_flight.front().is_some_and(|t| now - *t > self.interval());
+                    let now = self.state.now();
+                    let stalled = in_flight.front().is_some_and(|t| now.saturating_since(*t) > self.interval());
                     if stalled || in_flight.len() >= IN_FLIGHT_MAX {
                         return StreamEnd::Broken;
                     }
@@ -167,7 +178,7 @@ impl KeepAlive {
                     if tx.try_send(self.request()).is_err() {
                         return StreamEnd::Broken;
                     }
-                    next_at = now + self.interval();
+                    next_at = Instant::now() + self.interval();
                 }
             }
         }

@@ -4,14 +4,22 @@
 //! - [`Client`]'s one-call methods (`acquire`, `renew`, `release`, `status`)
 //!   are a thin typed wrapper: refusals come back as
 //!   [`leasefence_core::LeaseError`] values (busy, lease lost, ...), everything
-//!   else (unreachable, internal) as [`ClientError::Transport`] or
-//!   [`ClientError::Server`].
+//!   else (unreachable, no answer in time, internal) as
+//!   [`ClientError::Transport`] or [`ClientError::Server`].
+//! - Nothing waits without bound ([`ClientOptions`]): each one-call method
+//!   has a deadline (default 10 s, plus the wait of an acquire that waits),
+//!   and every connection sends HTTP/2 keep-alive pings, so a coordinator
+//!   that stops answering — even without closing the connection — becomes a
+//!   transport error instead of a hang. Streams rely on the pings alone.
 //! - Self-fencing sessions: [`Client::lease`] returns a [`Lease`] renewed in
 //!   the background over the `KeepAlive` stream, whose [`Lease::lost`] fires
 //!   when the lease can no longer be proven held — at a local deadline even
 //!   if the coordinator is unreachable (the send time of the last successful
-//!   renewal + TTL − a safety margin, see [`default_margin`]);
-//!   [`Client::with_lease`] runs work under a lease and cancels it on loss.
+//!   renewal + TTL − a safety margin, see [`default_margin`]; at least
+//!   [`MARGIN_MIN`]); [`Client::with_lease`] runs work under a lease and
+//!   cancels it on loss. The deadline is kept on [`SystemClock`]:
+//!   `CLOCK_BOOTTIME` on Linux, so time the machine spent suspended counts
+//!   as elapsed, as it does for the coordinator ([`clock`]).
 //! - Leader election ([`election`]): [`Client::campaign`] blocks until this
 //!   client leads a name and returns a [`Leader`] whose term is its fencing
 //!   token; [`Client::observe`] streams [`LeaderChange`]s.
@@ -36,23 +44,32 @@
 //! # }
 //! ```
 
+pub mod clock;
 mod deadline;
 pub mod election;
 mod keepalive;
+mod options;
 mod session;
 mod watch;
 
-pub use deadline::{MARGIN_MIN, default_margin};
+pub use clock::{Clock, ClockSource, Stamp, SystemClock, TokioClock};
+pub use deadline::{DEFAULT_MARGIN_FLOOR, MARGIN_MIN, default_margin};
 pub use election::{CAMPAIGN_WAIT_DEFAULT, Leader, LeaderChange, LeaderChanges};
+pub use options::{
+    CALL_TIMEOUT_DEFAULT, CONNECT_TIMEOUT_DEFAULT, ClientOptions, KEEP_ALIVE_INTERVAL_DEFAULT,
+    KEEP_ALIVE_TIMEOUT_DEFAULT,
+};
 pub use session::{Lease, LeaseConfig, WithLeaseError};
 pub use watch::{LeaseWatch, Loss};
 
+use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use leasefence_core::{Fence, Holder, Invalid, LeaseError, LeaseId, ResourceId, Token};
 use leasefence_proto::status_to_error;
 use leasefence_proto::v1::{self as pb, leases_client::LeasesClient};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 /// What a call can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -63,7 +80,7 @@ pub enum ClientError {
     /// The input was refused before sending.
     #[error(transparent)]
     Invalid(#[from] Invalid),
-    /// The coordinator could not be reached.
+    /// The coordinator could not be reached, or did not answer in time.
     #[error("cannot reach the coordinator at {url}: {message}")]
     Transport { url: String, message: String },
     /// The coordinator answered with an error that is not a lease outcome.
@@ -102,6 +119,7 @@ pub struct StatusInfo {
 pub struct Client {
     url: String,
     inner: LeasesClient<Channel>,
+    options: ClientOptions,
 }
 
 fn duration_ms(d: Duration) -> u64 {
@@ -109,25 +127,70 @@ fn duration_ms(d: Duration) -> u64 {
 }
 
 impl Client {
-    /// Connects to `url` (for example `http://127.0.0.1:7740`).
+    /// Connects to `url` (for example `http://127.0.0.1:7740`) with the
+    /// default [`ClientOptions`].
     pub async fn connect(url: &str) -> Result<Client, ClientError> {
-        let transport = |message: String| ClientError::Transport {
-            url: url.to_string(),
-            message,
+        Client::connect_with(url, ClientOptions::default()).await
+    }
+
+    /// Connects to `url` with `options`; connecting is bounded by the call
+    /// timeout as well as the connect timeout.
+    pub async fn connect_with(url: &str, options: ClientOptions) -> Result<Client, ClientError> {
+        options.check()?;
+        let endpoint = options.endpoint(url)?;
+        let channel = match tokio::time::timeout(options.call_timeout(), endpoint.connect()).await {
+            Ok(connected) => connected.map_err(|e| ClientError::Transport {
+                url: url.to_string(),
+                message: error_chain(&e),
+            })?,
+            Err(_) => {
+                return Err(ClientError::Transport {
+                    url: url.to_string(),
+                    message: format!("not connected within {} ms", options.call_timeout().as_millis()),
+                });
+            }
         };
-        let endpoint = Endpoint::from_shared(url.to_string())
-            .map_err(|e| Invalid::new("server", format!("must be a URL like http://127.0.0.1:7740: {e}")))?
-            .connect_timeout(Duration::from_secs(5));
-        let channel = endpoint.connect().await.map_err(|e| transport(error_chain(&e)))?;
         Ok(Client {
             url: url.to_string(),
             inner: LeasesClient::new(channel),
+            options,
         })
     }
 
-    /// A handle on the generated gRPC client (cheap: channels are shared).
-    pub(crate) fn grpc(&self) -> LeasesClient<Channel> {
+    /// The settings this client was connected with.
+    pub fn options(&self) -> &ClientOptions {
+        &self.options
+    }
+
+    /// The clock of this client's self-fencing deadlines.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        self.options.clock()
+    }
+
+    /// The generated gRPC client on this client's connection (cheap:
+    /// channels are shared). Keep-alive pings apply; per-call deadlines do
+    /// not: bound unary calls yourself.
+    pub fn grpc(&self) -> LeasesClient<Channel> {
         self.inner.clone()
+    }
+
+    /// Runs one unary call with a deadline of `limit`; an answer that does
+    /// not come in time is a transport error (the call is cancelled).
+    async fn call<T>(
+        &self,
+        resource: &ResourceId,
+        limit: Duration,
+        call: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T, ClientError> {
+        match tokio::time::timeout(limit, call).await {
+            Ok(answer) => answer
+                .map(tonic::Response::into_inner)
+                .map_err(|s| self.map(resource, s)),
+            Err(_) => Err(ClientError::Transport {
+                url: self.url.clone(),
+                message: format!("no answer within {} ms (the call timeout)", limit.as_millis()),
+            }),
+        }
     }
 
     fn map(&self, resource: &ResourceId, s: tonic::Status) -> ClientError {
@@ -175,13 +238,10 @@ impl Client {
             holder: holder.map(|h| h.to_string()).unwrap_or_default(),
             wait_ms: duration_ms(wait),
         };
-        let reply = self
-            .inner
-            .clone()
-            .acquire(req)
-            .await
-            .map_err(|s| self.map(resource, s))?;
-        self.lease_info(resource, reply.into_inner())
+        // The coordinator may hold the call for `wait` before it answers.
+        let limit = wait.saturating_add(self.options.call_timeout());
+        let reply = self.call(resource, limit, self.grpc().acquire(req)).await?;
+        self.lease_info(resource, reply)
     }
 
     pub async fn renew(&self, resource: &ResourceId, lease_id: &LeaseId) -> Result<LeaseInfo, ClientError> {
@@ -189,8 +249,10 @@ impl Client {
             resource: resource.to_string(),
             lease_id: lease_id.to_hex(),
         };
-        let reply = self.inner.clone().renew(req).await.map_err(|s| self.map(resource, s))?;
-        self.lease_info(resource, reply.into_inner())
+        let reply = self
+            .call(resource, self.options.call_timeout(), self.grpc().renew(req))
+            .await?;
+        self.lease_info(resource, reply)
     }
 
     /// Releases the lease; returns its token.
@@ -200,12 +262,9 @@ impl Client {
             lease_id: lease_id.to_hex(),
         };
         let reply = self
-            .inner
-            .clone()
-            .release(req)
-            .await
-            .map_err(|s| self.map(resource, s))?;
-        Token::new(reply.into_inner().token).ok_or_else(|| ClientError::Server("released token 0".into()))
+            .call(resource, self.options.call_timeout(), self.grpc().release(req))
+            .await?;
+        Token::new(reply.token).ok_or_else(|| ClientError::Server("released token 0".into()))
     }
 
     pub async fn status(&self, resource: &ResourceId) -> Result<StatusInfo, ClientError> {
@@ -213,12 +272,8 @@ impl Client {
             resource: resource.to_string(),
         };
         let s = self
-            .inner
-            .clone()
-            .get(req)
-            .await
-            .map_err(|s| self.map(resource, s))?
-            .into_inner();
+            .call(resource, self.options.call_timeout(), self.grpc().get(req))
+            .await?;
         let held = match s.held {
             None => None,
             Some(h) => Some((

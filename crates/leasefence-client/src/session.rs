@@ -3,17 +3,15 @@
 //! proven held; [`Client::with_lease`] runs work and cancels it on loss.
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 use leasefence_core::{Fence, Holder, Invalid, LeaseId, ResourceId, Token};
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 
+use crate::clock::Stamp;
 use crate::deadline::{check_margin, deadline, default_margin, renew_interval};
 use crate::keepalive::KeepAlive;
-use crate::watch::{LeaseWatch, Loss, State, StateTx, set_lost};
+use crate::watch::{LeaseWatch, Loss, Shared, State, StateTx, set_lost};
 use crate::{Client, ClientError, LeaseInfo};
 
 /// How to acquire and keep a lease. `From<Duration>` gives the defaults for a TTL.
@@ -50,6 +48,9 @@ impl LeaseConfig {
 
     /// The safety margin taken off each deadline (default
     /// [`crate::default_margin`]: `max(ttl/10, 50 ms)`, at most `ttl/2`).
+    /// At least [`crate::MARGIN_MIN`] (1 ms) and less than the TTL, else
+    /// [`LeaseConfig::margin`] and [`Client::lease`] refuse it
+    /// ([`ClientError::Invalid`], field `margin`).
     pub fn with_margin(mut self, margin: Duration) -> LeaseConfig {
         self.margin = Some(margin);
         self
@@ -64,7 +65,8 @@ impl LeaseConfig {
         self.wait
     }
 
-    /// The margin in effect; refused if it leaves no part of the TTL usable.
+    /// The margin in effect; refused if below [`crate::MARGIN_MIN`] or if it
+    /// leaves no part of the TTL usable.
     pub fn margin(&self) -> Result<Duration, Invalid> {
         check_margin(self.ttl, self.margin.unwrap_or_else(|| default_margin(self.ttl)))
     }
@@ -122,7 +124,7 @@ impl Lease {
 
     /// A cloneable, `'static` view of the lease's liveness.
     pub fn watch(&self) -> LeaseWatch {
-        LeaseWatch::new(self.state.subscribe())
+        self.state.watch()
     }
 
     /// Completes when the lease can no longer be proven held: at the
@@ -137,13 +139,15 @@ impl Lease {
         self.watch().is_lost()
     }
 
-    /// The current self-fencing deadline.
-    pub fn deadline(&self) -> Instant {
+    /// The current self-fencing deadline, a reading of the client's clock
+    /// ([`Client::clock`]; [`LeaseWatch::time_left`] gives what is left).
+    pub fn deadline(&self) -> Stamp {
         self.state.borrow().deadline
     }
 
-    /// The send time of the acquire or renewal that last succeeded.
-    pub fn renewed_at(&self) -> Instant {
+    /// The send time of the acquire or renewal that last succeeded, a
+    /// reading of the client's clock.
+    pub fn renewed_at(&self) -> Stamp {
         self.state.borrow().renewed_at
     }
 
@@ -182,22 +186,25 @@ impl Client {
     pub async fn lease(&self, resource: &ResourceId, config: impl Into<LeaseConfig>) -> Result<Lease, ClientError> {
         let config = config.into();
         let margin = config.margin()?;
-        let sent = Instant::now();
+        let clock = self.clock().clone();
+        let sent = clock.now();
         let mut info = self
             .acquire(resource, config.ttl, config.holder.as_ref(), config.wait)
             .await?;
         let mut anchor = sent;
-        if sent.elapsed() > renew_interval(info.ttl, margin) {
-            anchor = Instant::now();
+        if clock.now().saturating_since(sent) > renew_interval(info.ttl, margin) {
+            anchor = clock.now();
             info.expires_in = self.renew(resource, &info.lease_id).await?.expires_in;
         }
         let valid_for = info.ttl.min(info.expires_in);
-        let (tx, _) = watch::channel(State {
-            renewed_at: anchor,
-            deadline: deadline(anchor, valid_for, margin),
-            loss: None,
-        });
-        let state = Arc::new(tx);
+        let state = Shared::new(
+            State {
+                renewed_at: anchor,
+                deadline: deadline(anchor, valid_for, margin),
+                loss: None,
+            },
+            clock,
+        );
         let keep_alive = KeepAlive {
             client: self.clone(),
             resource: resource.clone(),
@@ -245,5 +252,19 @@ impl Client {
             tracing::warn!(resource = %resource, error = %e, "release after the work failed; the lease will expire");
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_zero_margin_is_a_typed_refusal() {
+        let config = LeaseConfig::new(Duration::from_secs(1)).with_margin(Duration::ZERO);
+        let e = config.margin().unwrap_err();
+        assert_eq!(e.field(), "margin");
+        let config = LeaseConfig::new(Duration::from_secs(1)).with_margin(crate::MARGIN_MIN);
+        assert_eq!(config.margin(), Ok(crate::MARGIN_MIN));
     }
 }

@@ -1,16 +1,24 @@
 //! The child of `leasefence run` and `leasefence elect`: spawned in its own
 //! process group, supervised against the lease's loss, and stopped as a group
-//! (SIGTERM, then SIGKILL after a grace period) so that nothing it started
-//! outlives the lease.
+//! so that nothing it started outlives the lease: SIGTERM `grace` before the
+//! self-fencing deadline, SIGKILL at the deadline at the latest.
+//!
+//! The lease is acquired with the grace added to its margin, so what the
+//! lease reports as its deadline (and its loss) comes `grace` before the
+//! real one, and renewals are paced to land before it. When the coordinator
+//! refuses a renewal the lease is lost at once: SIGTERM then, SIGKILL
+//! `grace` later, but never after the real deadline.
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use leasefence_client::{Lease, Loss};
+use leasefence_client::{Lease, LeaseWatch, Loss};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::{Instant, sleep, timeout_at};
+
+use crate::tty::{self, Foreground};
 
 /// How often to look whether a signalled process group is gone.
 const GROUP_POLL: Duration = Duration::from_millis(10);
@@ -33,14 +41,26 @@ pub fn exit_code(status: ExitStatus) -> u8 {
     }
 }
 
+/// How long after now the group must be dead: `grace`, but no later than the
+/// real deadline, `grace` after the one the lease reports.
+fn kill_within(watch: &LeaseWatch, grace: Duration) -> Duration {
+    let overdue = watch.now().saturating_since(watch.deadline());
+    grace.saturating_sub(overdue)
+}
+
 /// Spawns the child and waits for it to exit, for the lease to be lost (then
-/// stops the child's group), or for SIGINT/SIGTERM to forward.
+/// stops the child's group), or for SIGINT/SIGTERM to forward. `lease` must
+/// have been acquired with `grace` added to its margin (see the module doc).
 pub async fn supervise(lease: &Lease, mut cmd: Command, grace: Duration) -> std::io::Result<Ended> {
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
-    if let Some(loss) = lease.watch().loss() {
+    let watch = lease.watch();
+    if let Some(loss) = watch.loss() {
         return Ok(Ended::Lost(loss, None));
     }
+    // Held until the group is gone; dropping it hands the terminal back.
+    let foreground = Foreground::claim();
+    tty::prepare(&mut cmd, foreground.as_ref());
     let mut child = cmd.spawn()?;
     let pgid = child.id().and_then(|id| i32::try_from(id).ok());
     let lost = lease.lost();
@@ -49,7 +69,7 @@ pub async fn supervise(lease: &Lease, mut cmd: Command, grace: Duration) -> std:
         tokio::select! {
             biased;
             loss = &mut lost => {
-                let status = stop_group(&mut child, pgid, grace).await?;
+                let status = stop_group(&mut child, pgid, kill_within(&watch, grace)).await?;
                 break Ended::Lost(loss, Some(status));
             }
             status = child.wait() => break Ended::Exited(status?),
@@ -60,9 +80,10 @@ pub async fn supervise(lease: &Lease, mut cmd: Command, grace: Duration) -> std:
     if let Ended::Exited(_) = ended {
         // Whatever the child left running in its group must not outlive the lease.
         if group_alive(pgid) {
-            stop_group(&mut child, pgid, grace).await?;
+            stop_group(&mut child, pgid, kill_within(&watch, grace)).await?;
         }
     }
+    drop(foreground);
     Ok(ended)
 }
 

@@ -5,8 +5,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use leasefence_client::{Client, ClientOptions};
 
-use crate::{CmdResult, arbiter_cmd, bench, client_cmds, demo, elect_cmd, observe_cmd, run_cmd, serve, watch_cmd};
+use crate::{
+    CmdResult, Failure, arbiter_cmd, bench, client_cmds, demo, elect_cmd, observe_cmd, run_cmd, serve, watch_cmd,
+};
 
 /// leasefence: leases with fencing tokens, and the arbiters that enforce them.
 #[derive(Parser, Debug)]
@@ -105,6 +108,27 @@ pub struct ServerArg {
     /// Coordinator URL.
     #[arg(long, default_value = "http://127.0.0.1:7740", env = "LEASEFENCE_SERVER")]
     pub server: String,
+    /// Deadline of each call to the coordinator (an acquire's --wait comes
+    /// on top); streams are kept alive with HTTP/2 pings instead.
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    pub timeout: Duration,
+}
+
+impl ServerArg {
+    /// The client settings these flags ask for.
+    pub fn options(&self) -> Result<ClientOptions, Failure> {
+        if self.timeout.is_zero() {
+            return Err(Failure::invalid("--timeout must be more than 0 (examples: 500ms, 10s)"));
+        }
+        Ok(ClientOptions::default().with_call_timeout(self.timeout))
+    }
+
+    /// Connects to `--server` with `--timeout` and keep-alive pings.
+    pub async fn connect(&self) -> Result<Client, Failure> {
+        Client::connect_with(&self.server, self.options()?)
+            .await
+            .map_err(client_cmds::failure)
+    }
 }
 
 #[derive(Args, Debug)]

@@ -1,6 +1,6 @@
 //! `acquire`, `renew`, `release`, `status`: one call each to a coordinator.
 
-use leasefence_client::{Client, ClientError, LeaseInfo};
+use leasefence_client::{ClientError, LeaseInfo};
 use leasefence_core::{Holder, LeaseError, LeaseId, ResourceId};
 use serde_json::json;
 
@@ -25,10 +25,6 @@ fn resource(s: &str) -> Result<ResourceId, Failure> {
 
 fn lease_id(s: &str) -> Result<LeaseId, Failure> {
     LeaseId::parse_hex(s).map_err(Failure::invalid)
-}
-
-async fn connect(url: &str) -> Result<Client, Failure> {
-    Client::connect(url).await.map_err(failure)
 }
 
 pub(crate) fn default_holder() -> String {
@@ -66,7 +62,7 @@ fn print_lease(l: &LeaseInfo, as_json: bool, verb: &str) {
 pub async fn acquire(a: AcquireArgs) -> CmdResult {
     let res = resource(&a.resource)?;
     let holder = Holder::new(&a.holder.unwrap_or_else(default_holder)).map_err(Failure::invalid)?;
-    let client = connect(&a.server.server).await?;
+    let client = a.server.connect().await?;
     let lease = client
         .acquire(&res, a.ttl, Some(&holder), a.wait)
         .await
@@ -77,7 +73,7 @@ pub async fn acquire(a: AcquireArgs) -> CmdResult {
 
 pub async fn renew(a: LeaseArgs) -> CmdResult {
     let (res, id) = (resource(&a.resource)?, lease_id(&a.lease_id)?);
-    let client = connect(&a.server.server).await?;
+    let client = a.server.connect().await?;
     let lease = client.renew(&res, &id).await.map_err(failure)?;
     print_lease(&lease, a.json, "renewed");
     Ok(())
@@ -85,7 +81,7 @@ pub async fn renew(a: LeaseArgs) -> CmdResult {
 
 pub async fn release(a: LeaseArgs) -> CmdResult {
     let (res, id) = (resource(&a.resource)?, lease_id(&a.lease_id)?);
-    let client = connect(&a.server.server).await?;
+    let client = a.server.connect().await?;
     let token = client.release(&res, &id).await.map_err(failure)?;
     if a.json {
         println!(
@@ -100,7 +96,7 @@ pub async fn release(a: LeaseArgs) -> CmdResult {
 
 pub async fn status(a: StatusArgs) -> CmdResult {
     let res = resource(&a.resource)?;
-    let client = connect(&a.server.server).await?;
+    let client = a.server.connect().await?;
     let s = client.status(&res).await.map_err(failure)?;
     if a.json {
         let held = s.held.as_ref();

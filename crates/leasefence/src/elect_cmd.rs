@@ -6,7 +6,6 @@
 //! leadership is resigned and CMD's exit code is passed on.
 
 use clap::Args;
-use leasefence_client::Client;
 use leasefence_core::ResourceId;
 
 use crate::client_cmds::failure;
@@ -24,9 +23,9 @@ pub struct ElectArgs {
 pub async fn run(a: ElectArgs) -> CmdResult {
     let name = ResourceId::new(&a.name).map_err(Failure::invalid)?;
     // No wait configured: each round waits the server's default maximum.
-    let config = a.child.lease_config()?;
-    let client = Client::connect(&a.child.server.server).await.map_err(failure)?;
-    let leader = client.campaign(&name, config).await.map_err(failure)?;
+    let fencing = a.child.fencing()?;
+    let client = a.child.server.connect().await?;
+    let leader = client.campaign(&name, fencing.config).await.map_err(failure)?;
     tracing::info!(%name, term = %leader.term(), "elected");
-    a.child.run_under(leader.into_lease()).await
+    a.child.run_under(leader.into_lease(), fencing.grace).await
 }

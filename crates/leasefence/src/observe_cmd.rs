@@ -3,7 +3,7 @@
 //! by itself; the view may lag behind the coordinator.
 
 use clap::Args;
-use leasefence_client::{Client, LeaderChange};
+use leasefence_client::LeaderChange;
 use leasefence_core::ResourceId;
 use serde_json::json;
 
@@ -43,7 +43,7 @@ fn print(name: &ResourceId, change: &LeaderChange, as_json: bool) {
 
 pub async fn run(a: ObserveArgs) -> CmdResult {
     let name = ResourceId::new(&a.name).map_err(Failure::invalid)?;
-    let client = Client::connect(&a.server.server).await.map_err(failure)?;
+    let client = a.server.connect().await?;
     let mut changes = client.observe(&name);
     let mut printed = 0u64;
     let mut last_error = None;

@@ -3,20 +3,26 @@
 //!
 //! The child gets `LEASEFENCE_RESOURCE`, `LEASEFENCE_TOKEN` and
 //! `LEASEFENCE_SERVER` in its environment and runs in its own process group,
-//! so that everything it starts can be stopped together. On loss (the local
-//! self-fencing deadline passed, or the coordinator refused a renewal) the
-//! group gets SIGTERM, then SIGKILL after `--grace`, and `run` exits 4.
-//! Otherwise `run` stops any processes the child left behind in its group,
-//! releases the lease and exits with the child's code (128+N if killed by
-//! signal N). SIGINT and SIGTERM sent to `run` are forwarded to the group.
-//! Exit 3: busy after `--wait`; 126/127: CMD could not be started.
+//! so that everything it starts can be stopped together. The group must be
+//! dead by the self-fencing deadline: it gets SIGTERM `--grace` before it
+//! (when no renewal has moved it by then) and SIGKILL at it, and `run` exits
+//! 4; a refused renewal gets SIGTERM at once and SIGKILL `--grace` later,
+//! never after the deadline. A `--grace` that does not fit in `ttl − margin`
+//! is refused. Otherwise `run` stops any processes the child left behind in
+//! its group, releases the lease and exits with the child's code (128+N if
+//! killed by signal N). SIGINT and SIGTERM sent to `run` are forwarded to
+//! the group; on a terminal the child's group is the foreground job (see
+//! [`crate::tty`]). Calls to the coordinator are bounded by `--timeout`, so
+//! `run` exits even when the coordinator is unreachable.
+//! Exit 2: invalid flags; 3: busy after `--wait`; 126/127: CMD could not be
+//! started.
 
 use std::ffi::OsString;
 use std::process::ExitStatus;
 use std::time::Duration;
 
 use clap::Args;
-use leasefence_client::{Client, Lease, LeaseConfig};
+use leasefence_client::{Lease, LeaseConfig, default_margin};
 use leasefence_core::{ENV_RESOURCE, ENV_TOKEN, Holder, ResourceId};
 use tokio::process::Command;
 
@@ -27,6 +33,8 @@ use crate::{CmdResult, Failure};
 
 /// The environment variable naming the coordinator, for the child's own calls.
 const ENV_SERVER: &str = "LEASEFENCE_SERVER";
+/// The longest default `--grace`.
+const GRACE_DEFAULT_MAX: Duration = Duration::from_secs(2);
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -44,10 +52,12 @@ pub struct ChildArgs {
     /// Lease time to live; renewed about every third of it while CMD runs.
     #[arg(long, value_parser = parse_duration)]
     pub ttl: Duration,
-    /// After SIGTERM on loss, how long before SIGKILL.
-    #[arg(long, value_parser = parse_duration, default_value = "2s")]
-    pub grace: Duration,
-    /// Safety margin taken off the self-fencing deadline (default max(ttl/10, 50ms)).
+    /// Time between SIGTERM and SIGKILL: SIGTERM comes this long before the
+    /// self-fencing deadline, SIGKILL at it. Must be less than ttl − margin
+    /// (default: a third of that, at most 2s).
+    #[arg(long, value_parser = parse_duration)]
+    pub grace: Option<Duration>,
+    /// Safety margin taken off the self-fencing deadline (default max(ttl/10, 50ms); at least 1ms).
     #[arg(long, value_parser = parse_duration)]
     pub margin: Option<Duration>,
     /// Holder name shown to others (default: HOST:PID).
@@ -60,34 +70,78 @@ pub struct ChildArgs {
     pub command: Vec<OsString>,
 }
 
+/// The lease a child runs under, and how long it is given to stop.
+pub(crate) struct Fencing {
+    /// The lease to acquire, its margin raised by `grace` (see [`crate::child`]).
+    pub config: LeaseConfig,
+    pub grace: Duration,
+}
+
 impl ChildArgs {
-    /// The lease configuration these flags ask for (no wait).
-    pub(crate) fn lease_config(&self) -> Result<LeaseConfig, Failure> {
+    /// The lease configuration these flags ask for (no wait), checked
+    /// before anything is acquired or started.
+    pub(crate) fn fencing(&self) -> Result<Fencing, Failure> {
         let holder = Holder::new(&self.holder.clone().unwrap_or_else(default_holder)).map_err(Failure::invalid)?;
-        let config = LeaseConfig::new(self.ttl).with_holder(holder);
-        Ok(match self.margin {
-            Some(m) => config.with_margin(m),
-            None => config,
-        })
+        let show = |d: Duration| humantime::format_duration(d).to_string();
+        let margin = self.margin.unwrap_or_else(|| default_margin(self.ttl));
+        LeaseConfig::new(self.ttl)
+            .with_margin(margin)
+            .margin()
+            .map_err(|e| match self.margin {
+                Some(_) => Failure::invalid(format!("--margin {}: {}", show(margin), e.message())),
+                None => Failure::invalid(format!(
+                    "--ttl {} leaves no room for its default safety margin {}: the margin {}",
+                    show(self.ttl),
+                    show(margin),
+                    e.message()
+                )),
+            })?;
+        // The child must be dead this long after the last renewal.
+        let window = self.ttl - margin;
+        let grace = match self.grace {
+            None => (window / 3).min(GRACE_DEFAULT_MAX),
+            Some(g) if g < window => g,
+            Some(g) => {
+                return Err(Failure::invalid(format!(
+                    "--grace {} does not fit in --ttl {}: the command must be dead by the self-fencing \
+                     deadline, ttl − margin = {} after the last renewal (margin {}); allowed: a --grace \
+                     below {} (default: a third of it, at most {})",
+                    show(g),
+                    show(self.ttl),
+                    show(window),
+                    show(margin),
+                    show(window),
+                    show(GRACE_DEFAULT_MAX)
+                )));
+            }
+        };
+        let config = LeaseConfig::new(self.ttl)
+            .with_holder(holder)
+            .with_margin(margin + grace);
+        Ok(Fencing { config, grace })
     }
 
     /// Runs the command under `lease` (see [`run_with_lease`]).
-    pub(crate) async fn run_under(&self, lease: Lease) -> CmdResult {
-        run_with_lease(lease, &self.server.server, &self.command, self.grace).await
+    pub(crate) async fn run_under(&self, lease: Lease, grace: Duration) -> CmdResult {
+        run_with_lease(lease, &self.server.server, &self.command, grace).await
     }
 }
 
 pub async fn run(a: RunArgs) -> CmdResult {
     let resource = ResourceId::new(&a.resource).map_err(Failure::invalid)?;
-    let config = a.child.lease_config()?.with_wait(a.wait);
-    let client = Client::connect(&a.child.server.server).await.map_err(failure)?;
-    let lease = client.lease(&resource, config).await.map_err(failure)?;
-    a.child.run_under(lease).await
+    let fencing = a.child.fencing()?;
+    let client = a.child.server.connect().await?;
+    let lease = client
+        .lease(&resource, fencing.config.with_wait(a.wait))
+        .await
+        .map_err(failure)?;
+    a.child.run_under(lease, fencing.grace).await
 }
 
 /// Runs `command` (program and arguments) under `lease`, with the fence and
 /// `server` in its environment, in its own process group; stops the group on
 /// loss (exit 4), otherwise releases the lease and passes the exit code on.
+/// `lease` carries `grace` in its margin ([`ChildArgs::fencing`]).
 pub(crate) async fn run_with_lease(lease: Lease, server: &str, command: &[OsString], grace: Duration) -> CmdResult {
     let resource = lease.resource().clone();
     let Some((program, args)) = command.split_first() else {
@@ -151,6 +205,8 @@ async fn finish(lease: Lease, name: &str, status: ExitStatus) -> CmdResult {
 
 /// Best effort: a lost lease is usually gone already; if the coordinator
 /// still has it (we self-fenced early), this lets the next holder in sooner.
+/// Bounded by the client's call timeout, so an unreachable coordinator
+/// delays the exit by at most `--timeout`.
 async fn release(lease: Lease) {
     let _ = lease.release().await;
 }

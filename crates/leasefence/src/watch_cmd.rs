@@ -1,11 +1,14 @@
 //! `leasefence watch RES [--prefix]`: print transitions as they happen,
 //! reconnecting and resuming from the last revision seen, so a dropped
-//! connection loses no event (or says plainly that history was lost).
+//! connection loses no event (or says plainly that history was lost). The
+//! connection sends keep-alive pings, so a coordinator that stops answering
+//! ends the stream (and a reconnect follows) instead of a silent hang.
 
 use std::time::Duration;
 
 use clap::Args;
-use leasefence_proto::v1::{self as pb, leases_client::LeasesClient};
+use leasefence_client::Client;
+use leasefence_proto::v1 as pb;
 use serde_json::json;
 use tonic::Code;
 
@@ -62,11 +65,12 @@ pub async fn run(a: WatchArgs) -> CmdResult {
     if !(a.prefix && a.resource.is_empty()) {
         leasefence_core::ResourceId::new(&a.resource).map_err(Failure::invalid)?;
     }
+    let options = a.server.options()?;
     let mut resume: Option<(u64, String)> = None;
     let mut seen = 0u64;
     let mut backoff = Duration::from_millis(100);
     loop {
-        let Ok(mut client) = LeasesClient::connect(a.server.server.clone()).await else {
+        let Ok(client) = Client::connect_with(&a.server.server, options.clone()).await else {
             if resume.is_none() {
                 return Err(Failure::new(
                     Failure::INTERNAL,
@@ -83,7 +87,7 @@ pub async fn run(a: WatchArgs) -> CmdResult {
             after_revision: resume.as_ref().map(|r| r.0),
             coordinator_id: resume.as_ref().map(|r| r.1.clone()).unwrap_or_default(),
         };
-        let mut stream = match client.watch(req).await {
+        let mut stream = match client.grpc().watch(req).await {
             Ok(s) => s.into_inner(),
             Err(s) if s.code() == Code::InvalidArgument => return Err(Failure::invalid(s.message())),
             Err(s) if s.code() == Code::FailedPrecondition => {

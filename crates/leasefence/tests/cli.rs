@@ -66,6 +66,7 @@ fn acquire_status_renew_release_and_exit_codes() {
         vec!["acquire", "", "--ttl", "1s", "--server", s],
         vec!["acquire", "jobs/7", "--ttl", "soon", "--server", s],
         vec!["renew", "jobs/7", "--lease-id", "xyz", "--server", s],
+        vec!["status", "jobs/7", "--timeout", "0s", "--server", s],
     ] {
         let (code, _, err) = cli(&bad);
         assert_eq!(code, 2, "{bad:?}: {err}");

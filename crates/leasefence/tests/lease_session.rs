@@ -35,7 +35,7 @@ async fn a_lease_is_kept_alive_across_six_ttls_with_its_token() {
             other => panic!("a second holder must be refused while the lease is kept: {other:?}"),
         }
     }
-    let since_renewal = Instant::now() - lease.renewed_at();
+    let since_renewal = client.clock().now().saturating_since(lease.renewed_at());
     assert!(since_renewal < ttl / 2, "renewed {since_renewal:?} ago");
     let held = other.status(&r).await.expect("status").held.expect("held");
     assert_eq!(held.1, lease.token(), "token unchanged after 6 TTLs");
@@ -58,28 +58,26 @@ async fn lost_fires_within_the_ttl_of_the_last_renewal_when_the_coordinator_dies
     c.kill();
     let loss = lease.lost().await;
     let fired_at = Instant::now();
-    let last = lease.renewed_at();
+    let (fired_stamp, last) = (client.clock().now(), lease.renewed_at());
+    let killed_stamp = fired_stamp.saturating_sub(fired_at - killed_at);
     assert_eq!(loss, Loss::Expired);
-    assert!(last <= killed_at, "no renewal can succeed after the kill");
-    assert!(
-        fired_at <= last + ttl,
-        "fired {:?} after the last renewal",
-        fired_at - last
-    );
-    assert!(fired_at >= lease.deadline(), "not before its own deadline");
+    assert!(last <= killed_stamp, "no renewal can succeed after the kill");
+    let since_last = fired_stamp.saturating_since(last);
+    assert!(since_last <= ttl, "fired {since_last:?} after the last renewal");
+    assert!(fired_stamp >= lease.deadline(), "not before its own deadline");
     // The deadline counts the time the coordinator reported left, which it
     // rounds down to whole milliseconds and computes a little after the renewal:
     // it may sit a few ms under the TTL, never more.
+    let deadline_after = lease.deadline().saturating_since(last);
     assert!(
-        lease.deadline() + ms(20) >= last + ttl - lease.margin(),
-        "deadline {:?} after the last renewal",
-        lease.deadline() - last
+        deadline_after + ms(20) >= ttl - lease.margin(),
+        "deadline {deadline_after:?} after the last renewal"
     );
     assert!(fired_at - killed_at <= ttl);
     assert!(lease.is_lost());
     eprintln!(
         "lost() fired {} ms after the last successful renewal was sent, {} ms after the kill (ttl {} ms, margin {} ms)",
-        (fired_at - last).as_millis(),
+        since_last.as_millis(),
         (fired_at - killed_at).as_millis(),
         ttl.as_millis(),
         lease.margin().as_millis()
@@ -169,9 +167,15 @@ async fn with_lease_returns_the_output_and_releases() {
     assert_eq!(out, 10);
     let s = client.status(&r).await.expect("status");
     assert_eq!((s.held, s.last_token.map(|t| t.get())), (None, Some(1)));
-    let bad = client.lease(&r, LeaseConfig::new(ms(300)).with_margin(ms(300))).await;
-    assert!(
-        matches!(bad, Err(ClientError::Invalid(ref i)) if i.field() == "margin"),
-        "{bad:?}"
+    for margin in [ms(300), ms(0)] {
+        let bad = client.lease(&r, LeaseConfig::new(ms(300)).with_margin(margin)).await;
+        assert!(
+            matches!(bad, Err(ClientError::Invalid(ref i)) if i.field() == "margin"),
+            "margin {margin:?}: {bad:?}"
+        );
+    }
+    assert_eq!(
+        client.status(&r).await.expect("status").last_token.map(|t| t.get()),
+        Some(1)
     );
 }

@@ -106,8 +106,9 @@ impl Trial {
                 &self.resource,
                 "--ttl",
                 TTL,
+                // Must fit in ttl − margin (350 ms); SIGTERM ends this child.
                 "--grace",
-                "2s",
+                "100ms",
                 "--server",
                 &self.url,
             ])

@@ -1,0 +1,169 @@
+//! How a [`crate::Client`] talks to the coordinator: per-call deadlines,
+//! HTTP/2 keep-alive pings, and the clock of self-fencing deadlines.
+//!
+//! Nothing a client does waits without bound. A one-call method
+//! (`acquire`, `renew`, `release`, `status`) fails with
+//! [`crate::ClientError::Transport`] once its call timeout has passed
+//! without an answer; an acquire that waits for a busy resource gets its
+//! wait on top. Streams (`KeepAlive`, `Watch`) have no whole-call deadline —
+//! they are meant to last — and rely on keep-alive pings instead: a
+//! connection that answers no ping within the keep-alive timeout is closed,
+//! which ends every stream on it with a transport error.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasefence_core::Invalid;
+use tonic::transport::Endpoint;
+
+use crate::clock::{Clock, default_clock};
+
+/// Default per-call deadline.
+pub const CALL_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+/// Default TCP connect deadline.
+pub const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
+/// Default quiet time on a connection after which a ping is sent.
+pub const KEEP_ALIVE_INTERVAL_DEFAULT: Duration = Duration::from_secs(5);
+/// Default time a ping may go unanswered before the connection is closed.
+pub const KEEP_ALIVE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
+
+/// Connection settings of a [`crate::Client`]; see [`crate::Client::connect_with`].
+///
+/// ```
+/// use std::time::Duration;
+/// use leasefence_client::ClientOptions;
+///
+/// let options = ClientOptions::default().with_call_timeout(Duration::from_secs(2));
+/// assert_eq!(options.call_timeout(), Duration::from_secs(2));
+/// ```
+#[derive(Clone, Debug)]
+pub struct ClientOptions {
+    call_timeout: Duration,
+    connect_timeout: Duration,
+    keep_alive_interval: Duration,
+    keep_alive_timeout: Duration,
+    clock: Arc<dyn Clock>,
+}
+
+impl Default for ClientOptions {
+    /// 10 s per call, 5 s to connect, a ping after 5 s of quiet answered
+    /// within 5 s, and [`crate::SystemClock`].
+    fn default() -> ClientOptions {
+        ClientOptions {
+            call_timeout: CALL_TIMEOUT_DEFAULT,
+            connect_timeout: CONNECT_TIMEOUT_DEFAULT,
+            keep_alive_interval: KEEP_ALIVE_INTERVAL_DEFAULT,
+            keep_alive_timeout: KEEP_ALIVE_TIMEOUT_DEFAULT,
+            clock: default_clock(),
+        }
+    }
+}
+
+impl ClientOptions {
+    /// How long a one-call method waits for its answer (plus the wait of an
+    /// acquire that waits). Also bounds connecting.
+    pub fn with_call_timeout(mut self, call_timeout: Duration) -> ClientOptions {
+        self.call_timeout = call_timeout;
+        self
+    }
+
+    /// How long a TCP connect may take.
+    pub fn with_connect_timeout(mut self, connect_timeout: Duration) -> ClientOptions {
+        self.connect_timeout = connect_timeout;
+        self
+    }
+
+    /// HTTP/2 keep-alive: a ping after `interval` without traffic (on idle
+    /// connections too); the connection is closed if it goes unanswered
+    /// for `timeout`.
+    pub fn with_keep_alive(mut self, interval: Duration, timeout: Duration) -> ClientOptions {
+        self.keep_alive_interval = interval;
+        self.keep_alive_timeout = timeout;
+        self
+    }
+
+    /// The clock self-fencing deadlines are kept on (default
+    /// [`crate::SystemClock`]: `CLOCK_BOOTTIME` on Linux). Tests inject
+    /// [`crate::TokioClock`] to drive deadlines with paused time.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> ClientOptions {
+        self.clock = clock;
+        self
+    }
+
+    pub fn call_timeout(&self) -> Duration {
+        self.call_timeout
+    }
+
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    pub fn keep_alive_interval(&self) -> Duration {
+        self.keep_alive_interval
+    }
+
+    pub fn keep_alive_timeout(&self) -> Duration {
+        self.keep_alive_timeout
+    }
+
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// Refuses settings under which calls or connections could never succeed.
+    pub(crate) fn check(&self) -> Result<(), Invalid> {
+        let positive = [
+            ("call_timeout", self.call_timeout),
+            ("connect_timeout", self.connect_timeout),
+            ("keep_alive_interval", self.keep_alive_interval),
+            ("keep_alive_timeout", self.keep_alive_timeout),
+        ];
+        for (field, d) in positive {
+            if d.is_zero() {
+                return Err(Invalid::new(field, "must be more than zero"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The tonic endpoint for `url` with these settings.
+    pub(crate) fn endpoint(&self, url: &str) -> Result<Endpoint, Invalid> {
+        let endpoint = Endpoint::from_shared(url.to_string())
+            .map_err(|e| Invalid::new("server", format!("must be a URL like http://127.0.0.1:7740: {e}")))?;
+        Ok(endpoint
+            .connect_timeout(self.connect_timeout)
+            .http2_keep_alive_interval(self.keep_alive_interval)
+            .keep_alive_timeout(self.keep_alive_timeout)
+            .keep_alive_while_idle(true))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadlines_are_kept_on_the_system_clock_by_default() {
+        let expected = if cfg!(target_os = "linux") {
+            crate::ClockSource::BootTime
+        } else {
+            crate::ClockSource::Monotonic
+        };
+        assert_eq!(ClientOptions::default().clock().source(), expected);
+    }
+
+    #[test]
+    fn zero_durations_are_refused_by_name() {
+        assert!(ClientOptions::default().check().is_ok());
+        let e = ClientOptions::default()
+            .with_call_timeout(Duration::ZERO)
+            .check()
+            .unwrap_err();
+        assert_eq!(e.field(), "call_timeout");
+        let e = ClientOptions::default()
+            .with_keep_alive(Duration::from_secs(1), Duration::ZERO)
+            .check()
+            .unwrap_err();
+        assert_eq!(e.field(), "keep_alive_timeout");
+    }
+}
