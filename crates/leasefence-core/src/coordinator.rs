@@ -11,10 +11,10 @@
 //! Mutations that must be durable before anyone is answered come out as
 //! [`Effect`]s, in the order they must be persisted. A failed call changes nothing.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
+use crate::expiry::ExpiryQueue;
 use crate::{Holder, Invalid, LeaseError, LeaseId, MonoTime, ResourceId, Token};
 
 /// Limits of the lease machine. Fields with invariants are private.
@@ -219,14 +219,22 @@ struct Entry {
     waiters: VecDeque<Waiter>,
 }
 
+impl Entry {
+    /// Whether an expiry-queue entry for `token` still has work to find here.
+    fn waits_on(&self, token: Token) -> bool {
+        self.held.as_ref().is_some_and(|h| h.token == token)
+    }
+}
+
 /// The lease machine for every resource of one coordinator.
 #[derive(Clone, Debug)]
 pub struct Coordinator {
     config: Config,
     resources: HashMap<ResourceId, Entry>,
-    /// One entry per held lease: (deadline, token, resource). A renewal moves the
-    /// real deadline later; the stale entry is re-queued when it comes up.
-    deadlines: BinaryHeap<Reverse<(MonoTime, Token, ResourceId)>>,
+    /// At least one entry per held lease: (deadline, token, resource). A renewal
+    /// moves the real deadline later; the stale entry is re-queued when it comes
+    /// up. Entries of ended leases are dropped in bulk (see [`ExpiryQueue`]).
+    deadlines: ExpiryQueue,
     held: usize,
     next_waiter: u64,
     effects: Vec<Effect>,
@@ -244,7 +252,7 @@ impl Coordinator {
         Coordinator {
             config,
             resources: HashMap::new(),
-            deadlines: BinaryHeap::new(),
+            deadlines: ExpiryQueue::default(),
             held: 0,
             next_waiter: 1,
             effects: Vec::new(),
@@ -265,7 +273,7 @@ impl Coordinator {
                 expires_at: now.saturating_add(l.ttl),
             });
             if let Some(h) = &held {
-                c.deadlines.push(Reverse((h.expires_at, h.token, r.resource.clone())));
+                c.deadlines.push((h.expires_at, h.token, r.resource.clone()));
                 c.held += 1;
             }
             let entry = Entry {
@@ -289,7 +297,7 @@ impl Coordinator {
 
     /// The earliest time at which [`Coordinator::advance`] may have work.
     pub fn next_deadline(&self) -> Option<MonoTime> {
-        self.deadlines.peek().map(|Reverse((t, _, _))| *t)
+        self.deadlines.next()
     }
 
     /// Leases currently held (some may be past their deadline until `advance`).
@@ -297,7 +305,8 @@ impl Coordinator {
         self.held
     }
 
-    /// Entries in the expiry queue: one per held lease plus stale ones not yet popped.
+    /// Entries in the expiry queue: one per held lease plus stale ones not yet
+    /// dropped (at most `2 × held + 64` after any grant).
     pub fn deadline_count(&self) -> usize {
         self.deadlines.len()
     }
@@ -308,11 +317,7 @@ impl Coordinator {
 
     /// Expires every lease due at `now`, handing each freed resource to its first waiter.
     pub fn advance(&mut self, now: MonoTime) {
-        while let Some(Reverse((deadline, token, resource))) = self.deadlines.peek().cloned() {
-            if deadline > now {
-                break;
-            }
-            self.deadlines.pop();
+        while let Some((_, token, resource)) = self.deadlines.pop_due(now) {
             let Some(entry) = self.resources.get(&resource) else {
                 continue;
             };
@@ -321,7 +326,7 @@ impl Coordinator {
                     self.end_lease(now, &resource, ReleaseCause::Expired);
                 }
                 Some(h) if h.token == token => {
-                    self.deadlines.push(Reverse((h.expires_at, token, resource)));
+                    self.deadlines.push((h.expires_at, token, resource));
                 }
                 _ => {}
             }
@@ -467,7 +472,8 @@ impl Coordinator {
         entry.last = Some(token);
         entry.held = Some(held);
         self.held += 1;
-        self.deadlines.push(Reverse((expires_at, token, resource.clone())));
+        self.deadlines.push((expires_at, token, resource.clone()));
+        self.compact_deadlines();
         self.effects.push(Effect::Persist(Mutation::Grant {
             resource: resource.clone(),
             token,
@@ -485,6 +491,14 @@ impl Coordinator {
         })
     }
 
+    /// Drops the expiry-queue entries of ended leases once they are too many.
+    fn compact_deadlines(&mut self) {
+        let resources = &self.resources;
+        self.deadlines.compact(self.held, |(_, token, resource)| {
+            resources.get(resource).is_some_and(|e| e.waits_on(*token))
+        });
+    }
+
     /// Unholds `resource` and hands it to the first waiter, if any.
     fn end_lease(&mut self, now: MonoTime, resource: &ResourceId, cause: ReleaseCause) {
         let Some(entry) = self.resources.get_mut(resource) else {
@@ -497,6 +511,10 @@ impl Coordinator {
             token: held.token,
             cause,
         }));
+        self.compact_deadlines();
+        let Some(entry) = self.resources.get_mut(resource) else {
+            return;
+        };
         let Some(w) = entry.waiters.pop_front() else { return };
         let last = entry.last;
         match self.grant(now, resource.clone(), last, w.lease_id, w.holder, w.ttl) {

@@ -270,3 +270,34 @@ fn renewal_moves_the_deadline_without_growing_the_queue() {
     assert_eq!(c.next_deadline(), Some(at(1990)), "re-queued at the renewed deadline");
     assert!(c.status(at(1000), &r("a")).held.is_some());
 }
+
+#[test]
+fn ended_leases_do_not_pile_up_in_the_expiry_queue() {
+    let config = Config::new(Duration::from_millis(100), Duration::from_secs(3600), 8).expect("valid");
+    let mut c = Coordinator::new(config);
+    let hour = Duration::from_secs(3600);
+    for n in 0..10u8 {
+        let mut keep = req(&format!("kept/{n}"), "k", n, false);
+        keep.ttl = hour;
+        granted(c.acquire(at(0), keep));
+    }
+    for i in 0..100_000u64 {
+        let mut cycle = req("busy", "w", 200, false);
+        cycle.lease_id = LeaseId::from_bytes(i.to_be_bytes().repeat(2).try_into().expect("16 bytes"));
+        cycle.ttl = hour;
+        let g = granted(c.acquire(at(i), cycle));
+        c.release(at(i), &r("busy"), &g.lease_id).expect("release");
+        c.take_effects();
+        assert!(
+            c.deadline_count() <= 2 * c.held_count() + 64,
+            "after {} cycles: {} queue entries for {} held leases",
+            i + 1,
+            c.deadline_count(),
+            c.held_count()
+        );
+    }
+    assert_eq!(c.held_count(), 10);
+    // The live leases are still expired on time.
+    c.advance(at(3_600_000));
+    assert_eq!(c.held_count(), 0);
+}

@@ -12,6 +12,7 @@
 mod arbiter;
 mod coordinator;
 mod error;
+mod expiry;
 mod fence;
 mod lease_id;
 mod names;

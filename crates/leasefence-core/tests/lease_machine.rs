@@ -212,6 +212,10 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         m.observe(now, effects)?;
         let live = m.current.values().filter(|&&i| !m.leases[i].ended).count();
         prop_assert_eq!(c.held_count(), live, "held count matches the leases not yet ended");
+        prop_assert!(
+            c.deadline_count() <= 2 * c.held_count() + 64,
+            "the expiry queue keeps at most 2 x live + 64 entries"
+        );
     }
     Ok(())
 }

@@ -294,7 +294,8 @@ impl Engine {
             }
         }
         let held = inner.machine.held_count();
-        metrics::sizes(held, inner.machine.resource_count(), inner.waiters.len());
+        let queue = inner.machine.deadline_count();
+        metrics::sizes(held, inner.machine.resource_count(), inner.waiters.len(), queue);
         last
     }
 
