@@ -169,11 +169,23 @@ impl Client {
         holder: Option<&Holder>,
         wait: Duration,
     ) -> Result<LeaseInfo, ClientError> {
+        let config = LeaseConfig::new(ttl).with_wait(wait);
+        let config = match holder {
+            Some(h) => config.with_holder(h.clone()),
+            None => config,
+        };
+        self.acquire_with(resource, &config).await
+    }
+
+    /// Acquires `resource` once as `config` says (TTL, wait, holder,
+    /// lock-delay), without a keep-alive: see [`Client::lease`] for that.
+    pub async fn acquire_with(&self, resource: &ResourceId, config: &LeaseConfig) -> Result<LeaseInfo, ClientError> {
         let req = pb::AcquireRequest {
             resource: resource.to_string(),
-            ttl_ms: duration_ms(ttl),
-            holder: holder.map(|h| h.to_string()).unwrap_or_default(),
-            wait_ms: duration_ms(wait),
+            ttl_ms: duration_ms(config.ttl()),
+            holder: config.holder().map(|h| h.to_string()).unwrap_or_default(),
+            wait_ms: duration_ms(config.wait()),
+            lock_delay_ms: duration_ms(config.lock_delay()),
         };
         let reply = self
             .inner

@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use leasefence_core::{
-    AcquireOutcome, AcquireRequest, Config, Coordinator, Effect, Grant, Holder, LeaseError, LeaseId, MonoTime,
-    Mutation, ReleaseCause, ResourceId, ResourceStatus, StoredResource, Token, WaiterId,
+    AcquireOutcome, AcquireRequest, BusyReason, Config, Coordinator, Effect, Grant, Holder, LeaseError, LeaseId,
+    MonoTime, Mutation, ReleaseCause, ResourceId, ResourceStatus, StoredResource, Token, WaiterId,
 };
 use leasefence_store::{Committer, StoreError};
 use tokio::sync::{Notify, oneshot};
@@ -52,6 +52,8 @@ pub struct Acquire {
     pub holder: Holder,
     pub ttl: Duration,
     pub wait: Duration,
+    /// Zero: none (bounded by the machine's config).
+    pub lock_delay: Duration,
 }
 
 impl Engine {
@@ -159,6 +161,7 @@ impl Engine {
                 ttl: req.ttl,
                 lease_id,
                 wait: !req.wait.is_zero(),
+                lock_delay: req.lock_delay,
             };
             let outcome = inner.machine.acquire(now, machine_req);
             let receipt = self.dispatch(&mut inner);
@@ -210,7 +213,7 @@ impl Engine {
                     drop(self.dispatch(&mut inner));
                     if inner.machine.cancel_waiter(&resource, id) {
                         inner.waiters.remove(&id);
-                        Some(busy_error(&inner.machine.status(self.now(), &resource)))
+                        Some(busy_error(&inner.machine, self.now(), &resource))
                     } else {
                         None
                     }
@@ -333,7 +336,9 @@ fn publish(hub: &mut Hub, m: &Mutation) {
         } => {
             hub.publish(resource.clone(), EventKind::Granted, *token, Some(holder.clone()));
         }
-        Mutation::Release { resource, token, cause } => {
+        Mutation::Release {
+            resource, token, cause, ..
+        } => {
             let kind = match cause {
                 ReleaseCause::Released => EventKind::Released,
                 ReleaseCause::Expired => EventKind::Expired,
@@ -388,22 +393,18 @@ async fn durable(receipt: Option<Receipt>) -> Result<(), ApiError> {
     }
 }
 
-fn busy_error(status: &ResourceStatus) -> ApiError {
-    match &status.held {
-        Some(h) => LeaseError::Busy {
-            resource: status.resource.clone(),
-            holder: h.holder.clone(),
-            token: h.token,
-            expires_in: h.expires_in,
-        }
-        .into(),
-        // Unreachable while the core keeps "queued implies held"; answer busy
-        // with what is known rather than panic.
+/// The busy answer for a waiter whose wait ran out: held, or in a lock-delay.
+fn busy_error(machine: &Coordinator, now: MonoTime, resource: &ResourceId) -> ApiError {
+    match machine.busy(now, resource) {
+        Some(busy) => busy.into(),
+        // Unreachable while the core keeps "queued implies held or in a
+        // lock-delay"; answer busy with what is known rather than panic.
         None => LeaseError::Busy {
-            resource: status.resource.clone(),
+            resource: resource.clone(),
             holder: Holder::new("unknown").unwrap_or_else(|_| unreachable!("valid literal")),
-            token: status.last_token.unwrap_or(Token::FIRST),
+            token: machine.status(now, resource).last_token.unwrap_or(Token::FIRST),
             expires_in: Duration::ZERO,
+            reason: BusyReason::Held,
         }
         .into(),
     }

@@ -53,6 +53,9 @@ pub struct ChildArgs {
     /// Holder name shown to others (default: HOST:PID).
     #[arg(long)]
     pub holder: Option<String>,
+    /// If the lease expires (is not released), grant the resource to nobody for this long afterwards.
+    #[arg(long, value_parser = parse_duration, default_value = "0s")]
+    pub lock_delay: Duration,
     #[command(flatten)]
     pub server: ServerArg,
     /// The command and its arguments, after `--`.
@@ -64,7 +67,9 @@ impl ChildArgs {
     /// The lease configuration these flags ask for (no wait).
     pub(crate) fn lease_config(&self) -> Result<LeaseConfig, Failure> {
         let holder = Holder::new(&self.holder.clone().unwrap_or_else(default_holder)).map_err(Failure::invalid)?;
-        let config = LeaseConfig::new(self.ttl).with_holder(holder);
+        let config = LeaseConfig::new(self.ttl)
+            .with_holder(holder)
+            .with_lock_delay(self.lock_delay);
         Ok(match self.margin {
             Some(m) => config.with_margin(m),
             None => config,
