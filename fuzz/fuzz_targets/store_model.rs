@@ -16,11 +16,13 @@ enum Op {
         token: u64,
         id: u8,
         ttl_ms: u32,
+        lock_delay_ms: u16,
     },
     Release {
         resource: u8,
         token: u64,
         expired: bool,
+        lock_delay_ms: u16,
     },
 }
 
@@ -38,17 +40,20 @@ fn mutation(op: &Op) -> Option<Mutation> {
             token,
             id,
             ttl_ms,
+            lock_delay_ms,
         } => Mutation::Grant {
             resource: name(resource)?,
             token: Token::new(*token)?,
             lease_id: LeaseId::from_bytes([*id; 16]),
             holder: Holder::new("fuzz").ok()?,
             ttl: Duration::from_millis(u64::from(*ttl_ms)),
+            lock_delay: Duration::from_millis(u64::from(*lock_delay_ms)),
         },
         Op::Release {
             resource,
             token,
             expired,
+            lock_delay_ms,
         } => Mutation::Release {
             resource: name(resource)?,
             token: Token::new(*token)?,
@@ -57,6 +62,7 @@ fn mutation(op: &Op) -> Option<Mutation> {
             } else {
                 ReleaseCause::Released
             },
+            lock_delay: Duration::from_millis(u64::from(*lock_delay_ms)),
         },
     })
 }

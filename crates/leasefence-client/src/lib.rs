@@ -232,14 +232,26 @@ impl Client {
         holder: Option<&Holder>,
         wait: Duration,
     ) -> Result<LeaseInfo, ClientError> {
+        let config = LeaseConfig::new(ttl).with_wait(wait);
+        let config = match holder {
+            Some(h) => config.with_holder(h.clone()),
+            None => config,
+        };
+        self.acquire_with(resource, &config).await
+    }
+
+    /// Acquires `resource` once as `config` says (TTL, wait, holder,
+    /// lock-delay), without a keep-alive: see [`Client::lease`] for that.
+    pub async fn acquire_with(&self, resource: &ResourceId, config: &LeaseConfig) -> Result<LeaseInfo, ClientError> {
         let req = pb::AcquireRequest {
             resource: resource.to_string(),
-            ttl_ms: duration_ms(ttl),
-            holder: holder.map(|h| h.to_string()).unwrap_or_default(),
-            wait_ms: duration_ms(wait),
+            ttl_ms: duration_ms(config.ttl()),
+            holder: config.holder().map(|h| h.to_string()).unwrap_or_default(),
+            wait_ms: duration_ms(config.wait()),
+            lock_delay_ms: duration_ms(config.lock_delay()),
         };
         // The coordinator may hold the call for `wait` before it answers.
-        let limit = wait.saturating_add(self.options.call_timeout());
+        let limit = config.wait().saturating_add(self.options.call_timeout());
         let reply = self.call(resource, limit, self.grpc().acquire(req)).await?;
         self.lease_info(resource, reply)
     }

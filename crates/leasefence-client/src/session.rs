@@ -21,6 +21,7 @@ pub struct LeaseConfig {
     wait: Duration,
     holder: Option<Holder>,
     margin: Option<Duration>,
+    lock_delay: Duration,
 }
 
 impl LeaseConfig {
@@ -31,6 +32,7 @@ impl LeaseConfig {
             wait: Duration::ZERO,
             holder: None,
             margin: None,
+            lock_delay: Duration::ZERO,
         }
     }
 
@@ -56,8 +58,26 @@ impl LeaseConfig {
         self
     }
 
+    /// If the lease expires (is not released: this process died, hung or
+    /// lost the coordinator), the coordinator grants the resource to nobody for
+    /// `delay` afterwards: for resources that cannot check fencing tokens. At
+    /// most the coordinator's `--lock-delay-max` (default 60 s).
+    pub fn with_lock_delay(mut self, delay: Duration) -> LeaseConfig {
+        self.lock_delay = delay;
+        self
+    }
+
     pub fn ttl(&self) -> Duration {
         self.ttl
+    }
+
+    pub fn holder(&self) -> Option<&Holder> {
+        self.holder.as_ref()
+    }
+
+    /// The lock-delay asked for (zero: none).
+    pub fn lock_delay(&self) -> Duration {
+        self.lock_delay
     }
 
     /// How long one acquire waits for a busy resource (zero: not at all).
@@ -188,9 +208,7 @@ impl Client {
         let margin = config.margin()?;
         let clock = self.clock().clone();
         let sent = clock.now();
-        let mut info = self
-            .acquire(resource, config.ttl, config.holder.as_ref(), config.wait)
-            .await?;
+        let mut info = self.acquire_with(resource, &config).await?;
         let mut anchor = sent;
         if clock.now().saturating_since(sent) > renew_interval(info.ttl, margin) {
             anchor = clock.now();

@@ -4,88 +4,31 @@
 //! Unheld{last} --grant--> Held{token = last+1}
 //! Held{n} --renew (same lease id, unexpired)--> Held{n}
 //! Held{n} --release | expire--> Unheld{last = n} --grant--> Held{n+1}
+//! Held{n, lock_delay d > 0} --expire at t--> Delayed{last = n, until t + d}
+//! Delayed{n} --t + d passes--> Unheld{last = n}
 //! ```
 //!
+//! A lock-delay (cf. Chubby, Consul) keeps a resource closed for a while after
+//! its lease *expires*, for resources that cannot check tokens: the holder that
+//! stopped renewing gets time to notice before anyone else starts. A release is
+//! a clean hand-over and never starts one. Waiters stay queued through it.
+//!
 //! Every mutating call first advances the machine to `now` (expiring what is
-//! due, handing freed resources to their first waiter), then applies the request.
-//! Mutations that must be durable before anyone is answered come out as
-//! [`Effect`]s, in the order they must be persisted. A failed call changes nothing.
+//! due, ending lock-delays that are over, handing freed resources to their first
+//! waiter), then applies the request. Mutations that must be durable before
+//! anyone is answered come out as [`Effect`]s, in the order they must be
+//! persisted. A failed call emits nothing and changes nothing but what advancing
+//! to `now` changed (expiries that were due anyway).
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
-use crate::{Holder, Invalid, LeaseError, LeaseId, MonoTime, ResourceId, Token};
+mod entry;
 
-/// Limits of the lease machine. Fields with invariants are private.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Config {
-    ttl_min: Duration,
-    ttl_max: Duration,
-    waiters_max: usize,
-}
+use entry::{Delay, Entry, Held, Terms, Waiter};
 
-impl Default for Config {
-    fn default() -> Config {
-        Config {
-            ttl_min: Duration::from_millis(100),
-            ttl_max: Duration::from_secs(3600),
-            waiters_max: 1024,
-        }
-    }
-}
-
-impl Config {
-    /// `ttl_min` must be at least 1 ms and no more than `ttl_max`.
-    pub fn new(ttl_min: Duration, ttl_max: Duration, waiters_max: usize) -> Result<Config, Invalid> {
-        if ttl_min < Duration::from_millis(1) {
-            return Err(Invalid::new("ttl_min", "must be at least 1ms"));
-        }
-        if ttl_min > ttl_max {
-            return Err(Invalid::new(
-                "ttl_max",
-                format!(
-                    "must be at least ttl_min ({} ms), got {} ms",
-                    ttl_min.as_millis(),
-                    ttl_max.as_millis()
-                ),
-            ));
-        }
-        Ok(Config {
-            ttl_min,
-            ttl_max,
-            waiters_max,
-        })
-    }
-
-    pub fn ttl_min(&self) -> Duration {
-        self.ttl_min
-    }
-
-    pub fn ttl_max(&self) -> Duration {
-        self.ttl_max
-    }
-
-    pub fn waiters_max(&self) -> usize {
-        self.waiters_max
-    }
-
-    /// Checks a requested TTL against the bounds.
-    pub fn check_ttl(&self, ttl: Duration) -> Result<Duration, Invalid> {
-        if ttl < self.ttl_min || ttl > self.ttl_max {
-            return Err(Invalid::new(
-                "ttl_ms",
-                format!(
-                    "must be in {}..={} ms, got {} ms",
-                    self.ttl_min.as_millis(),
-                    self.ttl_max.as_millis(),
-                    ttl.as_millis()
-                ),
-            ));
-        }
-        Ok(ttl)
-    }
-}
+use crate::expiry::ExpiryQueue;
+use crate::{Config, Holder, LeaseError, LeaseId, MonoTime, Mutation, ReleaseCause, ResourceId, StoredResource, Token};
 
 /// A request for a lease. The caller supplies a fresh random `lease_id`.
 #[derive(Clone, Debug)]
@@ -96,6 +39,9 @@ pub struct AcquireRequest {
     pub lease_id: LeaseId,
     /// Queue behind the current holder instead of failing with `Busy`.
     pub wait: bool,
+    /// If this lease expires (is not released), keep the resource closed this
+    /// long afterwards. Zero: no lock-delay. At most the config's maximum.
+    pub lock_delay: Duration,
 }
 
 /// Names a queued acquire, for cancelling it and for delivering its grant.
@@ -121,37 +67,6 @@ pub enum AcquireOutcome {
     Queued(WaiterId),
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReleaseCause {
-    Released,
-    Expired,
-}
-
-/// A change the store must make durable.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Mutation {
-    Grant {
-        resource: ResourceId,
-        token: Token,
-        lease_id: LeaseId,
-        holder: Holder,
-        ttl: Duration,
-    },
-    Release {
-        resource: ResourceId,
-        token: Token,
-        cause: ReleaseCause,
-    },
-}
-
-impl Mutation {
-    pub fn resource(&self) -> &ResourceId {
-        match self {
-            Mutation::Grant { resource, .. } | Mutation::Release { resource, .. } => resource,
-        }
-    }
-}
-
 /// What the caller must do, in this order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Effect {
@@ -161,22 +76,6 @@ pub enum Effect {
     WakeWaiter { waiter: WaiterId, grant: Grant },
     /// A queued acquire can never be granted.
     RejectWaiter { waiter: WaiterId, error: LeaseError },
-}
-
-/// A resource's state as recorded by a store, for recovery.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StoredResource {
-    pub resource: ResourceId,
-    pub last_token: Token,
-    /// The lease recorded as held (its token is `last_token`).
-    pub lease: Option<StoredLease>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StoredLease {
-    pub lease_id: LeaseId,
-    pub holder: Holder,
-    pub ttl: Duration,
 }
 
 /// What anyone may read about a resource.
@@ -195,39 +94,18 @@ pub struct HeldStatus {
     pub expires_in: Duration,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Held {
-    token: Token,
-    lease_id: LeaseId,
-    holder: Holder,
-    ttl: Duration,
-    expires_at: MonoTime,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Waiter {
-    id: WaiterId,
-    holder: Holder,
-    ttl: Duration,
-    lease_id: LeaseId,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct Entry {
-    last: Option<Token>,
-    held: Option<Held>,
-    waiters: VecDeque<Waiter>,
-}
-
 /// The lease machine for every resource of one coordinator.
 #[derive(Clone, Debug)]
 pub struct Coordinator {
     config: Config,
     resources: HashMap<ResourceId, Entry>,
-    /// One entry per held lease: (deadline, token, resource). A renewal moves the
-    /// real deadline later; the stale entry is re-queued when it comes up.
-    deadlines: BinaryHeap<Reverse<(MonoTime, Token, ResourceId)>>,
+    /// At least one entry per held lease: (deadline, token, resource). A renewal
+    /// moves the real deadline later; the stale entry is re-queued when it comes
+    /// up. Entries of ended leases are dropped in bulk (see [`ExpiryQueue`]).
+    deadlines: ExpiryQueue,
     held: usize,
+    /// Resources in a lock-delay.
+    delays: usize,
     next_waiter: u64,
     effects: Vec<Effect>,
 }
@@ -244,33 +122,51 @@ impl Coordinator {
         Coordinator {
             config,
             resources: HashMap::new(),
-            deadlines: BinaryHeap::new(),
+            deadlines: ExpiryQueue::default(),
             held: 0,
+            delays: 0,
             next_waiter: 1,
             effects: Vec::new(),
         }
     }
 
     /// Rebuilds the machine from a store after a restart at `now`. Every lease
-    /// recorded as held counts as held for its full TTL from `now`, so a restart
-    /// never lets a second holder in early.
+    /// recorded as held counts as held for its full TTL from `now`, and every
+    /// recorded lock-delay lasts its full length from `now`, so a restart never
+    /// lets a second holder in early.
     pub fn recover(config: Config, now: MonoTime, records: impl IntoIterator<Item = StoredResource>) -> Coordinator {
         let mut c = Coordinator::new(config);
         for r in records {
             let held = r.lease.map(|l| Held {
                 token: r.last_token,
-                lease_id: l.lease_id,
-                holder: l.holder,
-                ttl: l.ttl,
+                terms: Terms {
+                    lease_id: l.lease_id,
+                    holder: l.holder,
+                    ttl: l.ttl,
+                    lock_delay: l.lock_delay,
+                },
                 expires_at: now.saturating_add(l.ttl),
             });
+            // A lease granted after the delay ended it; only an unheld resource is delayed.
+            let delay = match (&held, r.lock_delay) {
+                (None, Some(d)) if !d.delay.is_zero() => Some(Delay {
+                    until: now.saturating_add(d.delay),
+                    holder: d.holder,
+                }),
+                _ => None,
+            };
             if let Some(h) = &held {
-                c.deadlines.push(Reverse((h.expires_at, h.token, r.resource.clone())));
+                c.deadlines.push((h.expires_at, h.token, r.resource.clone()));
                 c.held += 1;
+            }
+            if let Some(d) = &delay {
+                c.deadlines.push((d.until, r.last_token, r.resource.clone()));
+                c.delays += 1;
             }
             let entry = Entry {
                 last: Some(r.last_token),
                 held,
+                delay,
                 waiters: VecDeque::new(),
             };
             c.resources.insert(r.resource, entry);
@@ -289,7 +185,7 @@ impl Coordinator {
 
     /// The earliest time at which [`Coordinator::advance`] may have work.
     pub fn next_deadline(&self) -> Option<MonoTime> {
-        self.deadlines.peek().map(|Reverse((t, _, _))| *t)
+        self.deadlines.next()
     }
 
     /// Leases currently held (some may be past their deadline until `advance`).
@@ -297,7 +193,14 @@ impl Coordinator {
         self.held
     }
 
-    /// Entries in the expiry queue: one per held lease plus stale ones not yet popped.
+    /// Resources in a lock-delay (some may be past its end until `advance`).
+    pub fn lock_delay_count(&self) -> usize {
+        self.delays
+    }
+
+    /// Entries in the expiry queue: one per held lease and per lock-delay, plus
+    /// ended leases' entries not yet dropped (at most `2 × (held + lock-delays)
+    /// + 64` after any grant or end).
     pub fn deadline_count(&self) -> usize {
         self.deadlines.len()
     }
@@ -306,56 +209,61 @@ impl Coordinator {
         self.resources.len()
     }
 
-    /// Expires every lease due at `now`, handing each freed resource to its first waiter.
+    /// Expires every lease due at `now` and ends every lock-delay that is
+    /// over, handing each freed resource to its first waiter.
     pub fn advance(&mut self, now: MonoTime) {
-        while let Some(Reverse((deadline, token, resource))) = self.deadlines.peek().cloned() {
-            if deadline > now {
-                break;
-            }
-            self.deadlines.pop();
+        while let Some((_, token, resource)) = self.deadlines.pop_due(now) {
             let Some(entry) = self.resources.get(&resource) else {
                 continue;
             };
-            match &entry.held {
-                Some(h) if h.token == token && h.expires_at <= now => {
+            if let Some(h) = entry.held.as_ref().filter(|h| h.token == token) {
+                if h.expires_at <= now {
                     self.end_lease(now, &resource, ReleaseCause::Expired);
+                } else {
+                    // Renewed since this entry was queued.
+                    self.deadlines.push((h.expires_at, token, resource));
                 }
-                Some(h) if h.token == token => {
-                    self.deadlines.push(Reverse((h.expires_at, token, resource)));
+            } else if let Some(d) = entry.delay.as_ref().filter(|_| entry.last == Some(token)) {
+                if d.until <= now {
+                    self.end_delay(now, &resource);
+                } else {
+                    self.deadlines.push((d.until, token, resource));
                 }
-                _ => {}
             }
         }
+    }
+
+    /// The refusal an acquire without waiting would get at `now` (held, or in
+    /// a lock-delay); `None` if it would be granted.
+    pub fn busy(&self, now: MonoTime, resource: &ResourceId) -> Option<LeaseError> {
+        self.resources.get(resource).and_then(|e| e.busy(now, resource))
     }
 
     pub fn acquire(&mut self, now: MonoTime, req: AcquireRequest) -> Result<AcquireOutcome, LeaseError> {
         self.advance(now);
         self.config.check_ttl(req.ttl)?;
+        self.config.check_lock_delay(req.lock_delay)?;
+        let terms = Terms {
+            lease_id: req.lease_id,
+            holder: req.holder,
+            ttl: req.ttl,
+            lock_delay: req.lock_delay,
+        };
         let entry = self.resources.get(&req.resource);
-        if let Some(h) = entry.and_then(|e| e.held.as_ref()) {
+        if let Some(busy) = entry.and_then(|e| e.busy(now, &req.resource)) {
             if !req.wait {
-                return Err(LeaseError::Busy {
-                    resource: req.resource,
-                    holder: h.holder.clone(),
-                    token: h.token,
-                    expires_in: h.expires_at.saturating_since(now),
-                });
+                return Err(busy);
             }
             let queued = entry.map_or(0, |e| e.waiters.len());
-            if queued >= self.config.waiters_max {
+            if queued >= self.config.waiters_max() {
                 return Err(LeaseError::TooManyWaiters {
                     resource: req.resource,
-                    max: self.config.waiters_max,
+                    max: self.config.waiters_max(),
                 });
             }
             let id = WaiterId(self.next_waiter);
             self.next_waiter += 1;
-            let waiter = Waiter {
-                id,
-                holder: req.holder,
-                ttl: req.ttl,
-                lease_id: req.lease_id,
-            };
+            let waiter = Waiter { id, terms };
             self.resources
                 .entry(req.resource)
                 .or_default()
@@ -363,8 +271,7 @@ impl Coordinator {
                 .push_back(waiter);
             return Ok(AcquireOutcome::Queued(id));
         }
-        let last = entry.and_then(|e| e.last);
-        let grant = self.grant(now, req.resource, last, req.lease_id, req.holder, req.ttl)?;
+        let grant = self.grant(now, req.resource, terms)?;
         Ok(AcquireOutcome::Granted(grant))
     }
 
@@ -379,16 +286,16 @@ impl Coordinator {
             .get_mut(resource)
             .and_then(|e| e.held.as_mut())
             .ok_or_else(lost)?;
-        if held.lease_id != *lease_id {
+        if held.terms.lease_id != *lease_id {
             return Err(lost());
         }
-        held.expires_at = now.saturating_add(held.ttl);
+        held.expires_at = now.saturating_add(held.terms.ttl);
         Ok(Grant {
             resource: resource.clone(),
             token: held.token,
-            lease_id: held.lease_id,
-            holder: held.holder.clone(),
-            ttl: held.ttl,
+            lease_id: held.terms.lease_id,
+            holder: held.terms.holder.clone(),
+            ttl: held.terms.ttl,
             expires_at: held.expires_at,
         })
     }
@@ -398,7 +305,7 @@ impl Coordinator {
         self.advance(now);
         let held = self.resources.get(resource).and_then(|e| e.held.as_ref());
         match held {
-            Some(h) if h.lease_id == *lease_id => {
+            Some(h) if h.terms.lease_id == *lease_id => {
                 let token = h.token;
                 self.end_lease(now, resource, ReleaseCause::Released);
                 Ok(token)
@@ -426,7 +333,7 @@ impl Coordinator {
             .and_then(|e| e.held.as_ref())
             .filter(|h| h.expires_at > now)
             .map(|h| HeldStatus {
-                holder: h.holder.clone(),
+                holder: h.terms.holder.clone(),
                 token: h.token,
                 expires_in: h.expires_at.saturating_since(now),
             });
@@ -438,15 +345,11 @@ impl Coordinator {
         }
     }
 
-    fn grant(
-        &mut self,
-        now: MonoTime,
-        resource: ResourceId,
-        last: Option<Token>,
-        lease_id: LeaseId,
-        holder: Holder,
-        ttl: Duration,
-    ) -> Result<Grant, LeaseError> {
+    fn grant(&mut self, now: MonoTime, resource: ResourceId, terms: Terms) -> Result<Grant, LeaseError> {
+        let entry = self.resources.entry(resource.clone()).or_default();
+        assert!(entry.held.is_none(), "a resource is granted only while unheld");
+        assert!(entry.delay.is_none(), "a resource is granted only after its lock-delay");
+        let last = entry.last;
         let token = Token::after(last).ok_or_else(|| LeaseError::TokensExhausted {
             resource: resource.clone(),
         })?;
@@ -454,52 +357,94 @@ impl Coordinator {
             Some(token) > last,
             "token invariant: a grant must exceed the last token"
         );
-        let expires_at = now.saturating_add(ttl);
-        let held = Held {
-            token,
-            lease_id,
-            holder: holder.clone(),
-            ttl,
-            expires_at,
-        };
-        let entry = self.resources.entry(resource.clone()).or_default();
-        assert!(entry.held.is_none(), "a resource is granted only while unheld");
+        let expires_at = now.saturating_add(terms.ttl);
         entry.last = Some(token);
-        entry.held = Some(held);
+        entry.held = Some(Held {
+            token,
+            terms: terms.clone(),
+            expires_at,
+        });
         self.held += 1;
-        self.deadlines.push(Reverse((expires_at, token, resource.clone())));
+        self.deadlines.push((expires_at, token, resource.clone()));
+        self.compact_deadlines();
         self.effects.push(Effect::Persist(Mutation::Grant {
             resource: resource.clone(),
             token,
-            lease_id,
-            holder: holder.clone(),
-            ttl,
+            lease_id: terms.lease_id,
+            holder: terms.holder.clone(),
+            ttl: terms.ttl,
+            lock_delay: terms.lock_delay,
         }));
         Ok(Grant {
             resource,
             token,
-            lease_id,
-            holder,
-            ttl,
+            lease_id: terms.lease_id,
+            holder: terms.holder,
+            ttl: terms.ttl,
             expires_at,
         })
     }
 
-    /// Unholds `resource` and hands it to the first waiter, if any.
+    /// Drops the expiry-queue entries of ended leases once they are too many.
+    fn compact_deadlines(&mut self) {
+        let resources = &self.resources;
+        let live = self.held + self.delays;
+        self.deadlines.compact(live, |(_, token, resource)| {
+            resources.get(resource).is_some_and(|e| e.waits_on(*token))
+        });
+    }
+
+    /// Unholds `resource`. An expiry of a lease with a lock-delay closes it
+    /// until the delay has passed (counted from the lease's deadline); otherwise
+    /// it goes to the first waiter, if any.
     fn end_lease(&mut self, now: MonoTime, resource: &ResourceId, cause: ReleaseCause) {
         let Some(entry) = self.resources.get_mut(resource) else {
             return;
         };
         let Some(held) = entry.held.take() else { return };
         self.held -= 1;
+        let lock_delay = match cause {
+            ReleaseCause::Expired => held.terms.lock_delay,
+            ReleaseCause::Released => Duration::ZERO,
+        };
         self.effects.push(Effect::Persist(Mutation::Release {
             resource: resource.clone(),
             token: held.token,
             cause,
+            lock_delay,
         }));
-        let Some(w) = entry.waiters.pop_front() else { return };
-        let last = entry.last;
-        match self.grant(now, resource.clone(), last, w.lease_id, w.holder, w.ttl) {
+        if !lock_delay.is_zero() {
+            let until = held.expires_at.saturating_add(lock_delay);
+            entry.delay = Some(Delay {
+                until,
+                holder: held.terms.holder,
+            });
+            self.delays += 1;
+            // Due now already if `advance` came late: then it ends in this same advance.
+            self.deadlines.push((until, held.token, resource.clone()));
+        }
+        self.compact_deadlines();
+        if lock_delay.is_zero() {
+            self.grant_first_waiter(now, resource);
+        }
+    }
+
+    /// Ends the lock-delay of `resource` and hands it to the first waiter, if any.
+    fn end_delay(&mut self, now: MonoTime, resource: &ResourceId) {
+        let Some(entry) = self.resources.get_mut(resource) else {
+            return;
+        };
+        if entry.delay.take().is_some() {
+            self.delays -= 1;
+            self.grant_first_waiter(now, resource);
+        }
+    }
+
+    fn grant_first_waiter(&mut self, now: MonoTime, resource: &ResourceId) {
+        let Some(w) = self.resources.get_mut(resource).and_then(|e| e.waiters.pop_front()) else {
+            return;
+        };
+        match self.grant(now, resource.clone(), w.terms) {
             Ok(grant) => self.effects.push(Effect::WakeWaiter { waiter: w.id, grant }),
             Err(error) => {
                 // Only token exhaustion fails here; no waiter can ever be granted.
@@ -518,3 +463,6 @@ impl Coordinator {
 #[cfg(test)]
 #[path = "coordinator_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+mod lock_delay_tests;

@@ -1,6 +1,7 @@
 //! Exact-outcome tests of the lease machine.
 
 use super::*;
+use crate::{BusyReason, StoredLease};
 
 fn r(s: &str) -> ResourceId {
     ResourceId::new(s).expect("valid resource")
@@ -29,6 +30,7 @@ fn req(res: &str, holder: &str, lease: u8, wait: bool) -> AcquireRequest {
         ttl: Duration::from_millis(1000),
         lease_id: id(lease),
         wait,
+        lock_delay: Duration::ZERO,
     }
 }
 
@@ -53,6 +55,7 @@ fn first_grant_is_token_one_and_is_persisted() {
             lease_id: id(1),
             holder: h("w1"),
             ttl: Duration::from_millis(1000),
+            lock_delay: Duration::ZERO,
         })]
     );
 }
@@ -69,7 +72,8 @@ fn busy_reports_holder_and_remaining_time() {
             resource: r("a"),
             holder: h("w1"),
             token: tok(1),
-            expires_in: Duration::from_millis(700)
+            expires_in: Duration::from_millis(700),
+            reason: BusyReason::Held,
         }
     );
     assert!(c.take_effects().is_empty());
@@ -91,7 +95,8 @@ fn renew_keeps_token_and_expiry_needs_a_new_grant() {
         vec![Effect::Persist(Mutation::Release {
             resource: r("a"),
             token: tok(1),
-            cause: ReleaseCause::Expired
+            cause: ReleaseCause::Expired,
+            lock_delay: Duration::ZERO,
         })]
     );
     let g = granted(c.acquire(at(1900), req("a", "w1", 3, false)));
@@ -198,12 +203,15 @@ fn recovery_honours_held_leases_for_a_full_ttl_and_continues_tokens() {
                 lease_id: id(9),
                 holder: h("a"),
                 ttl: Duration::from_millis(500),
+                lock_delay: Duration::ZERO,
             }),
+            lock_delay: None,
         },
         StoredResource {
             resource: r("free"),
             last_token: tok(7),
             lease: None,
+            lock_delay: None,
         },
     ];
     let mut c = Coordinator::recover(Config::default(), at(10_000), records);
@@ -228,6 +236,7 @@ fn exhausted_tokens_are_an_error_and_reject_waiters() {
             resource: r("full"),
             last_token: max,
             lease: None,
+            lock_delay: None,
         },
         StoredResource {
             resource: r("last"),
@@ -236,7 +245,9 @@ fn exhausted_tokens_are_an_error_and_reject_waiters() {
                 lease_id: id(1),
                 holder: h("a"),
                 ttl: Duration::from_millis(100),
+                lock_delay: Duration::ZERO,
             }),
+            lock_delay: None,
         },
     ];
     let mut c = Coordinator::recover(Config::default(), at(0), records);
@@ -269,4 +280,35 @@ fn renewal_moves_the_deadline_without_growing_the_queue() {
     c.advance(at(1000));
     assert_eq!(c.next_deadline(), Some(at(1990)), "re-queued at the renewed deadline");
     assert!(c.status(at(1000), &r("a")).held.is_some());
+}
+
+#[test]
+fn ended_leases_do_not_pile_up_in_the_expiry_queue() {
+    let config = Config::new(Duration::from_millis(100), Duration::from_secs(3600), 8).expect("valid");
+    let mut c = Coordinator::new(config);
+    let hour = Duration::from_secs(3600);
+    for n in 0..10u8 {
+        let mut keep = req(&format!("kept/{n}"), "k", n, false);
+        keep.ttl = hour;
+        granted(c.acquire(at(0), keep));
+    }
+    for i in 0..100_000u64 {
+        let mut cycle = req("busy", "w", 200, false);
+        cycle.lease_id = LeaseId::from_bytes(i.to_be_bytes().repeat(2).try_into().expect("16 bytes"));
+        cycle.ttl = hour;
+        let g = granted(c.acquire(at(i), cycle));
+        c.release(at(i), &r("busy"), &g.lease_id).expect("release");
+        c.take_effects();
+        assert!(
+            c.deadline_count() <= 2 * c.held_count() + 64,
+            "after {} cycles: {} queue entries for {} held leases",
+            i + 1,
+            c.deadline_count(),
+            c.held_count()
+        );
+    }
+    assert_eq!(c.held_count(), 10);
+    // The live leases are still expired on time.
+    c.advance(at(3_600_000));
+    assert_eq!(c.held_count(), 0);
 }

@@ -38,16 +38,75 @@ impl fmt::Display for Invalid {
 
 impl std::error::Error for Invalid {}
 
+/// Why a resource is busy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BusyReason {
+    /// A lease holds it.
+    Held,
+    /// A lease expired with a lock-delay: nothing is granted for another `retry_in`.
+    LockDelay { retry_in: Duration },
+}
+
+impl BusyReason {
+    /// The stable name used on the wire: `held` or `lock_delay`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BusyReason::Held => "held",
+            BusyReason::LockDelay { .. } => "lock_delay",
+        }
+    }
+}
+
+fn busy_message(
+    resource: &ResourceId,
+    holder: &Holder,
+    token: Token,
+    expires_in: Duration,
+    reason: BusyReason,
+) -> String {
+    match reason {
+        BusyReason::Held => format!(
+            "resource {resource} is held by {holder} (token {token}) for another {} ms",
+            expires_in.as_millis()
+        ),
+        BusyReason::LockDelay { retry_in } => format!(
+            "resource {resource} is in its lock-delay after the lease of {holder} (token {token}) expired; \
+             it can be granted again in {} ms",
+            retry_in.as_millis()
+        ),
+    }
+}
+
+impl LeaseError {
+    /// For a busy refusal, how long until an acquire may succeed: the rest of
+    /// the lock-delay, or the rest of the holder's lease (unless it is released
+    /// earlier, or renewed).
+    pub fn retry_in(&self) -> Option<Duration> {
+        match self {
+            LeaseError::Busy {
+                reason: BusyReason::LockDelay { retry_in },
+                ..
+            } => Some(*retry_in),
+            LeaseError::Busy { expires_in, .. } => Some(*expires_in),
+            _ => None,
+        }
+    }
+}
+
 /// Why an acquire, renew or release did not succeed. None of these changes any state.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum LeaseError {
-    /// Another holder has the resource.
-    #[error("resource {resource} is held by {holder} (token {token}) for another {} ms", expires_in.as_millis())]
+    /// The resource cannot be granted now: another holder has it
+    /// ([`BusyReason::Held`]: `holder`'s lease of `token` runs for another
+    /// `expires_in`), or `holder`'s lease of `token` expired and its
+    /// lock-delay has not passed ([`BusyReason::LockDelay`], `expires_in` zero).
+    #[error("{}", busy_message(resource, holder, *token, *expires_in, *reason))]
     Busy {
         resource: ResourceId,
         holder: Holder,
         token: Token,
         expires_in: Duration,
+        reason: BusyReason,
     },
     /// The lease id does not name the current, unexpired lease of this resource:
     /// it expired, was released, or never existed. Re-acquire for a higher token.

@@ -10,22 +10,26 @@
 //! token n is accepted after an effect authorized by a higher token.
 
 mod arbiter;
+mod config;
 mod coordinator;
 mod error;
+mod expiry;
 mod fence;
 mod lease_id;
 mod names;
+mod records;
 mod time;
 mod token;
 
 pub use arbiter::{FenceMode, Stale, admit};
+pub use config::Config;
 pub use coordinator::{
-    AcquireOutcome, AcquireRequest, Config, Coordinator, Effect, Grant, HeldStatus, Mutation, ReleaseCause,
-    ResourceStatus, StoredLease, StoredResource, WaiterId,
+    AcquireOutcome, AcquireRequest, Coordinator, Effect, Grant, HeldStatus, ResourceStatus, WaiterId,
 };
-pub use error::{Invalid, LeaseError};
+pub use error::{BusyReason, Invalid, LeaseError};
 pub use fence::{ENV_RESOURCE, ENV_TOKEN, Fence, HEADER_RESOURCE, HEADER_TOKEN};
 pub use lease_id::LeaseId;
 pub use names::{HOLDER_LEN_MAX, Holder, RESOURCE_LEN_MAX, ResourceId};
+pub use records::{Mutation, ReleaseCause, StoredLease, StoredLockDelay, StoredResource};
 pub use time::MonoTime;
 pub use token::Token;

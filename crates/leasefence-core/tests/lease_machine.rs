@@ -3,27 +3,44 @@
 //!
 //! A model built only from what the machine answered checks: per-resource
 //! tokens increase by exactly one per grant; a grant never overlaps an
-//! unexpired earlier lease; renew after expiry is `LeaseLost` and renew before
-//! it succeeds; a failed call emits nothing and changes nothing.
+//! unexpired earlier lease; no grant falls inside a lock-delay window (from an
+//! expired lease's deadline for its delay), and a release never starts one; a
+//! busy refusal names the right reason and time; renew after expiry is
+//! `LeaseLost` and renew before it succeeds; a failed call emits nothing and
+//! changes nothing.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use leasefence_core::{
-    AcquireOutcome, AcquireRequest, Config, Coordinator, Effect, Grant, Holder, LeaseError, LeaseId, MonoTime,
-    Mutation, ResourceId, Token, WaiterId,
+    AcquireOutcome, AcquireRequest, BusyReason, Config, Coordinator, Effect, Grant, Holder, LeaseError, LeaseId,
+    MonoTime, Mutation, ReleaseCause, ResourceId, Token, WaiterId,
 };
 use proptest::prelude::*;
 
 const RESOURCES: [&str; 3] = ["r0", "r1", "r2"];
+const LOCK_DELAY_MAX: Duration = Duration::from_millis(100);
 
 #[derive(Clone, Debug)]
 enum Op {
-    Acquire { res: usize, ttl_ms: u64, wait: bool },
-    Renew { lease: usize },
-    Release { lease: usize },
-    Cancel { waiter: usize },
-    Advance { ms: u64 },
+    Acquire {
+        res: usize,
+        ttl_ms: u64,
+        wait: bool,
+        lock_delay_ms: u64,
+    },
+    Renew {
+        lease: usize,
+    },
+    Release {
+        lease: usize,
+    },
+    Cancel {
+        waiter: usize,
+    },
+    Advance {
+        ms: u64,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -31,9 +48,16 @@ fn op() -> impl Strategy<Value = Op> {
         (
             0..3usize,
             prop_oneof![Just(50u64), Just(100), Just(150), Just(250)],
-            any::<bool>()
+            any::<bool>(),
+            // LOCK_DELAY_MAX is 100 ms: 120 is refused as invalid.
+            prop_oneof![Just(0u64), Just(0), Just(1), Just(30), Just(100), Just(120)],
         )
-            .prop_map(|(res, ttl_ms, wait)| Op::Acquire { res, ttl_ms, wait }),
+            .prop_map(|(res, ttl_ms, wait, lock_delay_ms)| Op::Acquire {
+                res,
+                ttl_ms,
+                wait,
+                lock_delay_ms
+            }),
         (0..16usize).prop_map(|lease| Op::Renew { lease }),
         (0..16usize).prop_map(|lease| Op::Release { lease }),
         (0..8usize).prop_map(|waiter| Op::Cancel { waiter }),
@@ -49,6 +73,7 @@ struct Known {
     token: Token,
     expires_at: MonoTime,
     ttl: Duration,
+    lock_delay: Duration,
     ended: bool,
 }
 
@@ -58,6 +83,10 @@ struct Model {
     last_token: HashMap<ResourceId, u64>,
     current: HashMap<ResourceId, usize>,
     waiters: Vec<(ResourceId, WaiterId)>,
+    /// Per resource: no grant before this (the end of the last lock-delay).
+    closed_until: HashMap<ResourceId, MonoTime>,
+    /// The lock-delay each queued acquire asked for, by its lease id.
+    queued_delays: HashMap<LeaseId, Duration>,
     next_id: u8,
 }
 
@@ -71,6 +100,15 @@ impl Model {
     fn granted(&mut self, now: MonoTime, g: &Grant) -> Result<(), TestCaseError> {
         let last = self.last_token.get(&g.resource).copied().unwrap_or(0);
         prop_assert_eq!(g.token.get(), last + 1, "tokens must go up by exactly one per grant");
+        if let Some(until) = self.closed_until.get(&g.resource) {
+            prop_assert!(
+                now >= *until,
+                "granted {} at {:?}, inside its lock-delay (until {:?})",
+                g.resource,
+                now,
+                until
+            );
+        }
         if let Some(&i) = self.current.get(&g.resource) {
             let prev = &self.leases[i];
             prop_assert!(
@@ -88,8 +126,31 @@ impl Model {
             token: g.token,
             expires_at: g.expires_at,
             ttl: g.ttl,
+            lock_delay: Duration::ZERO,
             ended: false,
         });
+        Ok(())
+    }
+
+    /// Checks a busy refusal at `now` against what the model knows.
+    fn busy(&self, now: MonoTime, resource: &ResourceId, e: &LeaseError) -> Result<(), TestCaseError> {
+        let LeaseError::Busy { reason, token, .. } = e else {
+            return Err(TestCaseError::fail(format!("not busy: {e:?}")));
+        };
+        let live = self
+            .current
+            .get(resource)
+            .map(|&i| &self.leases[i])
+            .filter(|k| !k.ended && k.expires_at > now);
+        match (reason, live) {
+            (BusyReason::Held, Some(k)) => prop_assert_eq!(*token, k.token),
+            (BusyReason::LockDelay { retry_in }, None) => {
+                let until = self.closed_until.get(resource).copied().unwrap_or(MonoTime::ZERO);
+                prop_assert!(until > now, "lock-delay busy outside a window");
+                prop_assert_eq!(*retry_in, until.saturating_since(now));
+            }
+            (reason, live) => prop_assert!(false, "busy {reason:?} while the live lease is {live:?}"),
+        }
         Ok(())
     }
 
@@ -99,10 +160,30 @@ impl Model {
                 Effect::WakeWaiter { waiter, grant } => {
                     self.waiters.retain(|(_, w)| *w != waiter);
                     self.granted(now, &grant)?;
+                    let delay = self.queued_delays.remove(&grant.lease_id).unwrap_or_default();
+                    if let Some(k) = self.leases.last_mut() {
+                        k.lock_delay = delay;
+                    }
                 }
-                Effect::Persist(Mutation::Release { resource, token, .. }) => {
+                Effect::Persist(Mutation::Release {
+                    resource,
+                    token,
+                    cause,
+                    lock_delay,
+                }) => {
                     if let Some(&i) = self.current.get(&resource) {
-                        prop_assert_eq!(self.leases[i].token, token, "released token is the current one");
+                        let k = &self.leases[i];
+                        prop_assert_eq!(k.token, token, "released token is the current one");
+                        match cause {
+                            ReleaseCause::Released => {
+                                prop_assert_eq!(lock_delay, Duration::ZERO, "a release never starts a lock-delay")
+                            }
+                            ReleaseCause::Expired => prop_assert_eq!(lock_delay, k.lock_delay),
+                        }
+                        if !lock_delay.is_zero() {
+                            self.closed_until
+                                .insert(resource.clone(), k.expires_at.saturating_add(lock_delay));
+                        }
                         self.leases[i].ended = true;
                     }
                 }
@@ -115,7 +196,9 @@ impl Model {
 }
 
 fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
-    let config = Config::new(Duration::from_millis(50), Duration::from_millis(250), 3).expect("valid");
+    let config = Config::new(Duration::from_millis(50), Duration::from_millis(250), 3)
+        .expect("valid")
+        .with_lock_delay_max(LOCK_DELAY_MAX);
     let mut c = Coordinator::new(config);
     let mut m = Model::default();
     let mut now = MonoTime::ZERO;
@@ -130,25 +213,46 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 now = now.saturating_add(Duration::from_millis(ms));
                 false
             }
-            Op::Acquire { res, ttl_ms, wait } => {
+            Op::Acquire {
+                res,
+                ttl_ms,
+                wait,
+                lock_delay_ms,
+            } => {
                 let resource = ResourceId::new(RESOURCES[res]).expect("valid");
+                let lock_delay = Duration::from_millis(lock_delay_ms);
                 let req = AcquireRequest {
                     resource: resource.clone(),
                     holder: Holder::new("h").expect("valid"),
                     ttl: Duration::from_millis(ttl_ms),
                     lease_id: m.fresh_id(),
                     wait,
+                    lock_delay,
                 };
+                let lease_id = req.lease_id;
                 match c.acquire(now, req) {
                     Ok(AcquireOutcome::Granted(g)) => {
                         m.granted(now, &g)?;
+                        if let Some(k) = m.leases.last_mut() {
+                            k.lock_delay = lock_delay;
+                        }
                         false
                     }
                     Ok(AcquireOutcome::Queued(w)) => {
                         m.waiters.push((resource, w));
+                        m.queued_delays.insert(lease_id, lock_delay);
                         false
                     }
-                    Err(LeaseError::Busy { .. } | LeaseError::TooManyWaiters { .. }) => true,
+                    Err(e @ LeaseError::Busy { .. }) => {
+                        prop_assert!(!wait, "a waiting acquire queues rather than busy");
+                        m.busy(now, &resource, &e)?;
+                        true
+                    }
+                    Err(LeaseError::TooManyWaiters { .. }) => true,
+                    Err(LeaseError::Invalid(e)) if lock_delay > LOCK_DELAY_MAX => {
+                        prop_assert_eq!(e.field(), "lock_delay_ms");
+                        true
+                    }
                     Err(e) => return Err(TestCaseError::fail(format!("unexpected {e:?}"))),
                 }
             }
@@ -212,6 +316,10 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         m.observe(now, effects)?;
         let live = m.current.values().filter(|&&i| !m.leases[i].ended).count();
         prop_assert_eq!(c.held_count(), live, "held count matches the leases not yet ended");
+        prop_assert!(
+            c.deadline_count() <= 2 * c.held_count() + 64,
+            "the expiry queue keeps at most 2 x live + 64 entries"
+        );
     }
     Ok(())
 }

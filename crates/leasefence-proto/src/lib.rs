@@ -9,7 +9,7 @@ pub mod v1 {
 
 use std::time::Duration;
 
-use leasefence_core::{Holder, Invalid, LeaseError, ResourceId, Token};
+use leasefence_core::{BusyReason, Holder, Invalid, LeaseError, ResourceId, Token};
 use tonic::metadata::MetadataValue;
 use tonic::{Code, Status};
 
@@ -18,6 +18,10 @@ pub const META_ERROR: &str = "leasefence-error";
 pub const META_HOLDER: &str = "leasefence-holder";
 pub const META_TOKEN: &str = "leasefence-token";
 pub const META_EXPIRES_IN_MS: &str = "leasefence-expires-in-ms";
+/// Why busy: `held` or `lock_delay` ([`BusyReason::as_str`]).
+pub const META_BUSY_REASON: &str = "leasefence-busy-reason";
+/// For busy: how long until an acquire may succeed ([`LeaseError::retry_in`]).
+pub const META_RETRY_IN_MS: &str = "leasefence-retry-in-ms";
 
 /// Stable names of the refusals, as used in gRPC metadata and HTTP bodies.
 pub fn error_kind(e: &LeaseError) -> &'static str {
@@ -50,6 +54,7 @@ pub fn error_to_status(e: &LeaseError) -> Status {
         holder,
         token,
         expires_in,
+        reason,
         ..
     } = e
     {
@@ -60,6 +65,9 @@ pub fn error_to_status(e: &LeaseError) -> Status {
         }
         md.insert(META_TOKEN, MetadataValue::from(token.get()));
         md.insert(META_EXPIRES_IN_MS, MetadataValue::from(millis(*expires_in)));
+        md.insert(META_BUSY_REASON, MetadataValue::from_static(reason.as_str()));
+        let retry_in = e.retry_in().unwrap_or(*expires_in);
+        md.insert(META_RETRY_IN_MS, MetadataValue::from(millis(retry_in)));
     }
     status
 }
@@ -70,6 +78,7 @@ pub fn status_to_error(resource: &ResourceId, s: &Status) -> Option<LeaseError> 
     let md = s.metadata();
     let get = |k: &str| md.get(k).and_then(|v| v.to_str().ok());
     let resource = resource.clone();
+    let millis = |k: &str| get(k).and_then(|t| t.parse().ok()).map(Duration::from_millis);
     match get(META_ERROR)? {
         "busy" => Some(LeaseError::Busy {
             resource,
@@ -77,7 +86,14 @@ pub fn status_to_error(resource: &ResourceId, s: &Status) -> Option<LeaseError> 
                 .and_then(|h| Holder::new(h).ok())
                 .or_else(|| Holder::new("unknown").ok())?,
             token: get(META_TOKEN).and_then(|t| t.parse().ok()).and_then(Token::new)?,
-            expires_in: Duration::from_millis(get(META_EXPIRES_IN_MS).and_then(|t| t.parse().ok())?),
+            expires_in: millis(META_EXPIRES_IN_MS)?,
+            // A coordinator from before lock-delays sends no reason: held.
+            reason: match get(META_BUSY_REASON) {
+                Some("lock_delay") => BusyReason::LockDelay {
+                    retry_in: millis(META_RETRY_IN_MS)?,
+                },
+                _ => BusyReason::Held,
+            },
         }),
         "lease_lost" => Some(LeaseError::LeaseLost { resource }),
         "too_many_waiters" => Some(LeaseError::TooManyWaiters { resource, max: 0 }),
@@ -89,8 +105,16 @@ pub fn status_to_error(resource: &ResourceId, s: &Status) -> Option<LeaseError> 
 
 /// Rebuilds an [`Invalid`] from its display form `invalid FIELD: what is allowed`.
 fn invalid_from_message(msg: &str) -> Invalid {
-    const FIELDS: [&str; 8] = [
-        "resource", "holder", "ttl_ms", "wait_ms", "lease_id", "body", "token", "mode",
+    const FIELDS: [&str; 9] = [
+        "resource",
+        "holder",
+        "ttl_ms",
+        "wait_ms",
+        "lock_delay_ms",
+        "lease_id",
+        "body",
+        "token",
+        "mode",
     ];
     let parsed = msg.strip_prefix("invalid ").and_then(|rest| rest.split_once(": "));
     match parsed.and_then(|(field, what)| FIELDS.iter().find(|f| **f == field).map(|f| (*f, what))) {
@@ -111,15 +135,66 @@ mod tests {
             holder: Holder::new("worker-a").expect("valid"),
             token: Token::new(41).expect("non-zero"),
             expires_in: Duration::from_millis(900),
+            reason: BusyReason::Held,
         };
         let s = error_to_status(&e);
         assert_eq!(s.code(), Code::FailedPrecondition);
+        assert_eq!(
+            s.metadata().get(META_BUSY_REASON).map(|v| v.to_str().ok()),
+            Some(Some("held"))
+        );
+        assert_eq!(
+            s.metadata().get(META_RETRY_IN_MS).map(|v| v.to_str().ok()),
+            Some(Some("900"))
+        );
         assert_eq!(status_to_error(&r, &s), Some(e));
         let lost = LeaseError::LeaseLost { resource: r.clone() };
         assert_eq!(error_to_status(&lost).code(), Code::NotFound);
         assert_eq!(status_to_error(&r, &error_to_status(&lost)), Some(lost));
         assert_eq!(status_to_error(&r, &Status::unavailable("down")), None);
         let bad = LeaseError::Invalid(Invalid::new("ttl_ms", "must be in 100..=200 ms, got 5 ms"));
+        assert_eq!(status_to_error(&r, &error_to_status(&bad)), Some(bad));
+    }
+
+    #[test]
+    fn lock_delay_busy_round_trips_and_an_old_busy_reads_as_held() {
+        let r = ResourceId::new("orders/1").expect("valid");
+        let e = LeaseError::Busy {
+            resource: r.clone(),
+            holder: Holder::new("worker-a").expect("valid"),
+            token: Token::new(41).expect("non-zero"),
+            expires_in: Duration::ZERO,
+            reason: BusyReason::LockDelay {
+                retry_in: Duration::from_millis(4500),
+            },
+        };
+        let s = error_to_status(&e);
+        assert_eq!(s.code(), Code::FailedPrecondition);
+        let md = s.metadata();
+        assert_eq!(
+            md.get(META_BUSY_REASON).map(|v| v.to_str().ok()),
+            Some(Some("lock_delay"))
+        );
+        assert_eq!(md.get(META_RETRY_IN_MS).map(|v| v.to_str().ok()), Some(Some("4500")));
+        assert_eq!(status_to_error(&r, &s), Some(e));
+
+        let mut old = Status::failed_precondition("busy");
+        for (k, v) in [
+            (META_ERROR, "busy"),
+            (META_HOLDER, "w"),
+            (META_TOKEN, "3"),
+            (META_EXPIRES_IN_MS, "70"),
+        ] {
+            old.metadata_mut().insert(k, v.parse().expect("ascii"));
+        }
+        assert!(matches!(
+            status_to_error(&r, &old),
+            Some(LeaseError::Busy {
+                reason: BusyReason::Held,
+                ..
+            })
+        ));
+        let bad = LeaseError::Invalid(Invalid::new("lock_delay_ms", "must be at most 60000 ms"));
         assert_eq!(status_to_error(&r, &error_to_status(&bad)), Some(bad));
     }
 }

@@ -24,8 +24,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use leasefence_core::{
-    AcquireOutcome, AcquireRequest, Config, Coordinator, Effect, Grant, Holder, LeaseError, LeaseId, MonoTime,
-    Mutation, ReleaseCause, ResourceId, ResourceStatus, StoredResource, Token, WaiterId,
+    AcquireOutcome, AcquireRequest, BusyReason, Config, Coordinator, Effect, Grant, Holder, LeaseError, LeaseId,
+    MonoTime, Mutation, ReleaseCause, ResourceId, ResourceStatus, StoredResource, Token, WaiterId,
 };
 use leasefence_store::{Committer, Seq, StoreError};
 use tokio::sync::{Notify, oneshot};
@@ -63,6 +63,8 @@ pub struct Acquire {
     pub holder: Holder,
     pub ttl: Duration,
     pub wait: Duration,
+    /// Zero: none (bounded by the machine's config).
+    pub lock_delay: Duration,
 }
 
 impl Engine {
@@ -205,6 +207,7 @@ impl Engine {
                 ttl: req.ttl,
                 lease_id,
                 wait: !req.wait.is_zero(),
+                lock_delay: req.lock_delay,
             };
             let outcome = inner.machine.acquire(self.now(), machine_req);
             let mut waiter_rx = None;
@@ -248,7 +251,7 @@ impl Engine {
                     inner.machine.advance(now);
                     let busy = inner.machine.cancel_waiter(&resource, id).then(|| {
                         inner.waiters.remove(&id);
-                        busy_error(&inner.machine.status(now, &resource))
+                        busy_error(&inner.machine, now, &resource)
                     });
                     busy.map(|busy| (busy, self.settle(&mut inner)))
                 };
@@ -363,7 +366,8 @@ impl Engine {
             }
         }
         let held = inner.machine.held_count();
-        metrics::sizes(held, inner.machine.resource_count(), inner.waiters.len());
+        let queue = inner.machine.deadline_count();
+        metrics::sizes(held, inner.machine.resource_count(), inner.waiters.len(), queue);
     }
 
     /// Answers a waiter once its grant (sequence number `seq`) is durable. If
@@ -413,7 +417,9 @@ fn event_of(m: &Mutation) -> (ResourceId, EventKind, Token, Option<Holder>) {
             holder,
             ..
         } => (resource.clone(), EventKind::Granted, *token, Some(holder.clone())),
-        Mutation::Release { resource, token, cause } => {
+        Mutation::Release {
+            resource, token, cause, ..
+        } => {
             let kind = match cause {
                 ReleaseCause::Released => EventKind::Released,
                 ReleaseCause::Expired => EventKind::Expired,
@@ -470,22 +476,18 @@ impl Drop for WaitGuard {
     }
 }
 
-fn busy_error(status: &ResourceStatus) -> ApiError {
-    match &status.held {
-        Some(h) => LeaseError::Busy {
-            resource: status.resource.clone(),
-            holder: h.holder.clone(),
-            token: h.token,
-            expires_in: h.expires_in,
-        }
-        .into(),
-        // Unreachable while the core keeps "queued implies held"; answer busy
-        // with what is known rather than panic.
+/// The busy answer for a waiter whose wait ran out: held, or in a lock-delay.
+fn busy_error(machine: &Coordinator, now: MonoTime, resource: &ResourceId) -> ApiError {
+    match machine.busy(now, resource) {
+        Some(busy) => busy.into(),
+        // Unreachable while the core keeps "queued implies held or in a
+        // lock-delay"; answer busy with what is known rather than panic.
         None => LeaseError::Busy {
-            resource: status.resource.clone(),
+            resource: resource.clone(),
             holder: Holder::new("unknown").unwrap_or_else(|_| unreachable!("valid literal")),
-            token: status.last_token.unwrap_or(Token::FIRST),
+            token: machine.status(now, resource).last_token.unwrap_or(Token::FIRST),
             expires_in: Duration::ZERO,
+            reason: BusyReason::Held,
         }
         .into(),
     }

@@ -4,7 +4,7 @@
 //!
 //! | route | body | success |
 //! |---|---|---|
-//! | `POST /v1/acquire` | `{"resource","ttl_ms","holder"?,"wait_ms"?}` | lease |
+//! | `POST /v1/acquire` | `{"resource","ttl_ms","holder"?,"wait_ms"?,"lock_delay_ms"?}` | lease |
 //! | `POST /v1/renew` | `{"resource","lease_id"}` | lease |
 //! | `POST /v1/release` | `{"resource","lease_id"}` | `{"resource","token","released":true}` |
 //! | `GET /v1/status?resource=R` | — | status |
@@ -12,7 +12,9 @@
 //! | `GET /metrics` | — | Prometheus text (when enabled) |
 //!
 //! Refusals: busy 409, lease_lost 410, too_many_waiters 429, tokens_exhausted
-//! 409, invalid 400, storage failure 500, shutting down 503.
+//! 409, invalid 400, storage failure 500, shutting down 503. A busy body names
+//! its `reason`: `held`, or `lock_delay` (the lease of `holder` and `token`
+//! expired, `expires_in_ms` is 0), and `retry_in_ms`.
 //!
 //! The edges answer in JSON too: an unknown path is `404 not_found` (unless
 //! the request is gRPC, which gets gRPC's UNIMPLEMENTED: both share the
@@ -156,11 +158,14 @@ impl From<ApiError> for Failure {
                         holder,
                         token,
                         expires_in,
+                        reason,
                     } => {
                         body["resource"] = json!(resource.as_str());
                         body["holder"] = json!(holder.as_str());
                         body["token"] = json!(token.get());
                         body["expires_in_ms"] = json!(wire::millis(*expires_in));
+                        body["reason"] = json!(reason.as_str());
+                        body["retry_in_ms"] = json!(wire::millis(e.retry_in().unwrap_or(*expires_in)));
                         StatusCode::CONFLICT
                     }
                     LeaseError::LeaseLost { .. } => StatusCode::GONE,

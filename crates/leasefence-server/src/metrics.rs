@@ -42,8 +42,12 @@ pub(crate) fn store_failure() {
     counter!("leasefence_store_failures_total").increment(1);
 }
 
-pub(crate) fn sizes(held: usize, resources: usize, waiters: usize) {
+/// How big the machine's in-memory state is; `expiry_queue` counts the expiry
+/// queue's entries (live leases, open lock-delays, and ended leases' entries not
+/// yet dropped: at most about twice the live ones).
+pub(crate) fn sizes(held: usize, resources: usize, waiters: usize, expiry_queue: usize) {
     gauge!("leasefence_leases_held").set(held as f64);
     gauge!("leasefence_resources").set(resources as f64);
     gauge!("leasefence_waiters").set(waiters as f64);
+    gauge!("leasefence_expiry_queue_entries").set(expiry_queue as f64);
 }

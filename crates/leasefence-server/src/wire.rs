@@ -20,16 +20,27 @@ pub fn lease_id(s: &str) -> Result<LeaseId, Invalid> {
     LeaseId::parse_hex(s)
 }
 
-pub fn acquire(resource: &str, ttl_ms: u64, holder: Option<&str>, wait_ms: u64) -> Result<Acquire, Invalid> {
-    let holder = match holder {
+/// An acquire's fields as both edges receive them (the engine checks the
+/// TTL and lock-delay bounds).
+pub struct AcquireFields<'a> {
+    pub resource: &'a str,
+    pub ttl_ms: u64,
+    pub holder: Option<&'a str>,
+    pub wait_ms: u64,
+    pub lock_delay_ms: u64,
+}
+
+pub fn acquire(f: AcquireFields<'_>) -> Result<Acquire, Invalid> {
+    let holder = match f.holder {
         None | Some("") => Holder::new(ANONYMOUS)?,
         Some(h) => Holder::new(h)?,
     };
     Ok(Acquire {
-        resource: ResourceId::new(resource)?,
+        resource: ResourceId::new(f.resource)?,
         holder,
-        ttl: Duration::from_millis(ttl_ms),
-        wait: Duration::from_millis(wait_ms),
+        ttl: Duration::from_millis(f.ttl_ms),
+        wait: Duration::from_millis(f.wait_ms),
+        lock_delay: Duration::from_millis(f.lock_delay_ms),
     })
 }
 
@@ -51,6 +62,8 @@ struct AcquireBody {
     holder: Option<String>,
     #[serde(default)]
     wait_ms: u64,
+    #[serde(default)]
+    lock_delay_ms: u64,
 }
 
 #[derive(Deserialize)]
@@ -60,7 +73,8 @@ struct LeaseBody {
     lease_id: String,
 }
 
-const ACQUIRE_SHAPE: &str = r#"{"resource": string, "ttl_ms": integer, "holder"?: string, "wait_ms"?: integer}"#;
+const ACQUIRE_SHAPE: &str =
+    r#"{"resource": string, "ttl_ms": integer, "holder"?: string, "wait_ms"?: integer, "lock_delay_ms"?: integer}"#;
 const LEASE_SHAPE: &str = r#"{"resource": string, "lease_id": string}"#;
 
 fn json<'a, T: Deserialize<'a>>(body: &'a [u8], shape: &str) -> Result<T, Invalid> {
@@ -70,7 +84,13 @@ fn json<'a, T: Deserialize<'a>>(body: &'a [u8], shape: &str) -> Result<T, Invali
 /// Decodes and validates an HTTP acquire body (TTL bounds are the engine's).
 pub fn acquire_json(body: &[u8]) -> Result<Acquire, Invalid> {
     let b: AcquireBody = json(body, ACQUIRE_SHAPE)?;
-    acquire(&b.resource, b.ttl_ms, b.holder.as_deref(), b.wait_ms)
+    acquire(AcquireFields {
+        resource: &b.resource,
+        ttl_ms: b.ttl_ms,
+        holder: b.holder.as_deref(),
+        wait_ms: b.wait_ms,
+        lock_delay_ms: b.lock_delay_ms,
+    })
 }
 
 /// Decodes and validates an HTTP renew or release body.
@@ -81,5 +101,11 @@ pub fn lease_json(body: &[u8]) -> Result<(ResourceId, LeaseId), Invalid> {
 
 /// Validates a decoded gRPC acquire.
 pub fn acquire_proto(r: &leasefence_proto::v1::AcquireRequest) -> Result<Acquire, Invalid> {
-    acquire(&r.resource, r.ttl_ms, Some(&r.holder), r.wait_ms)
+    acquire(AcquireFields {
+        resource: &r.resource,
+        ttl_ms: r.ttl_ms,
+        holder: Some(&r.holder),
+        wait_ms: r.wait_ms,
+        lock_delay_ms: r.lock_delay_ms,
+    })
 }

@@ -84,6 +84,8 @@ impl CoordinatorNode {
                     ttl,
                     lease_id,
                     wait,
+                    // The simulation checks fencing, which lock-delays do not change.
+                    lock_delay: Duration::ZERO,
                 };
                 let outcome = live.machine.acquire(now, request);
                 live.absorb_effects();

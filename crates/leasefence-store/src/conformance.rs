@@ -7,7 +7,9 @@
 
 use std::time::Duration;
 
-use leasefence_core::{Holder, LeaseId, Mutation, ReleaseCause, ResourceId, StoredLease, StoredResource, Token};
+use leasefence_core::{
+    Holder, LeaseId, Mutation, ReleaseCause, ResourceId, StoredLease, StoredLockDelay, StoredResource, Token,
+};
 
 use crate::{LeaseStore, StoreError};
 
@@ -20,20 +22,30 @@ fn tok(v: u64) -> Token {
 }
 
 fn grant(r: &str, t: u64, id: u8) -> Mutation {
+    grant_with_delay(r, t, id, Duration::ZERO)
+}
+
+fn grant_with_delay(r: &str, t: u64, id: u8, lock_delay: Duration) -> Mutation {
     Mutation::Grant {
         resource: res(r),
         token: tok(t),
         lease_id: LeaseId::from_bytes([id; 16]),
         holder: Holder::new("suite").expect("valid"),
         ttl: Duration::from_millis(1234),
+        lock_delay,
     }
 }
 
 fn release(r: &str, t: u64, cause: ReleaseCause) -> Mutation {
+    release_with_delay(r, t, cause, Duration::ZERO)
+}
+
+fn release_with_delay(r: &str, t: u64, cause: ReleaseCause, lock_delay: Duration) -> Mutation {
     Mutation::Release {
         resource: res(r),
         token: tok(t),
         cause,
+        lock_delay,
     }
 }
 
@@ -50,6 +62,8 @@ pub fn run_all<S: LeaseStore>(mut open: impl FnMut() -> S) {
     lower_or_equal_grant_is_refused_and_batch_is_atomic(&mut open);
     many_resources_in_one_batch(&mut open);
     largest_token_round_trips(&mut open);
+    lock_delay_of_an_expiry_survives_reopen_until_the_next_grant(&mut open);
+    release_and_stale_expiry_record_no_lock_delay(&mut open);
 }
 
 pub fn grant_survives_reopen<S: LeaseStore>(open: &mut impl FnMut() -> S) {
@@ -66,7 +80,9 @@ pub fn grant_survives_reopen<S: LeaseStore>(open: &mut impl FnMut() -> S) {
             lease_id: LeaseId::from_bytes([1; 16]),
             holder: Holder::new("suite").expect("valid"),
             ttl: Duration::from_millis(1234),
+            lock_delay: Duration::ZERO,
         }),
+        lock_delay: None,
     };
     assert_eq!(
         find(&mut s, "c/grant"),
@@ -152,4 +168,63 @@ pub fn largest_token_round_trips<S: LeaseStore>(open: &mut impl FnMut() -> S) {
     open().apply(&[grant("c/max", u64::MAX, 9)]).expect("apply");
     let got = find(&mut open(), "c/max").expect("record");
     assert_eq!(got.last_token.get(), u64::MAX);
+}
+
+pub fn lock_delay_of_an_expiry_survives_reopen_until_the_next_grant<S: LeaseStore>(open: &mut impl FnMut() -> S) {
+    let delay = Duration::from_millis(5000);
+    open()
+        .apply(&[grant_with_delay("c/delay", 1, 1, delay)])
+        .expect("apply grant");
+    let held = find(&mut open(), "c/delay").expect("record");
+    assert_eq!(
+        held.lease.map(|l| l.lock_delay),
+        Some(delay),
+        "the lease's lock-delay survives a reopen, for an expiry after a restart"
+    );
+    open()
+        .apply(&[release_with_delay("c/delay", 1, ReleaseCause::Expired, delay)])
+        .expect("apply expiry");
+    let got = find(&mut open(), "c/delay").expect("record");
+    assert_eq!(
+        (got.last_token, got.lease, got.lock_delay),
+        (
+            tok(1),
+            None,
+            Some(StoredLockDelay {
+                holder: Holder::new("suite").expect("valid"),
+                delay
+            })
+        ),
+        "an expiry with a lock-delay records it, with the holder whose lease expired"
+    );
+    open().apply(&[grant("c/delay", 2, 2)]).expect("apply grant");
+    let got = find(&mut open(), "c/delay").expect("record");
+    assert_eq!(
+        (got.last_token, got.lock_delay),
+        (tok(2), None),
+        "a grant ends the recorded lock-delay"
+    );
+}
+
+pub fn release_and_stale_expiry_record_no_lock_delay<S: LeaseStore>(open: &mut impl FnMut() -> S) {
+    let delay = Duration::from_millis(5000);
+    let mut s = open();
+    s.apply(&[
+        grant_with_delay("c/nodelay", 1, 1, delay),
+        release("c/nodelay", 1, ReleaseCause::Released),
+        grant_with_delay("c/nodelay", 2, 2, delay),
+        release_with_delay("c/nodelay", 1, ReleaseCause::Expired, delay),
+    ])
+    .expect("apply");
+    drop(s);
+    let got = find(&mut open(), "c/nodelay").expect("record");
+    assert_eq!(
+        got.lock_delay, None,
+        "neither a release nor a stale expiry starts a lock-delay"
+    );
+    assert_eq!(
+        got.lease.map(|l| l.lease_id),
+        Some(LeaseId::from_bytes([2; 16])),
+        "a stale expiry leaves the newer lease alone"
+    );
 }

@@ -107,3 +107,67 @@ impl LeaseStore for EmbeddedStore {
         tx.commit().map_err(io)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use leasefence_core::{Holder, LeaseId, ReleaseCause, ResourceId, StoredLease, Token};
+
+    use super::*;
+
+    /// A store file as the build before lock-delays wrote it (record version 1).
+    fn write_version_1(path: &Path) {
+        let db = Database::create(path).expect("create");
+        let tx = db.begin_write().expect("begin");
+        {
+            let mut meta = tx.open_table(META).expect("meta");
+            meta.insert("schema_version", 1).expect("insert");
+            let mut table = tx.open_table(RESOURCES).expect("resources");
+            let held: &[u8] = &[
+                1, 0, 0, 0, 0, 0, 0, 0, 5, 1, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 0, 0, 0, 0, 0, 0, 3, 232,
+                0, 3, 111, 108, 100,
+            ];
+            table.insert("old/held", held).expect("insert");
+            table
+                .insert("old/free", &[1u8, 0, 0, 0, 0, 0, 0, 0, 9, 0][..])
+                .expect("insert");
+        }
+        tx.commit().expect("commit");
+    }
+
+    #[test]
+    fn a_data_dir_from_before_lock_delays_opens_and_keeps_its_meaning() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join(EmbeddedStore::FILE_NAME);
+        write_version_1(&path);
+        let mut store = EmbeddedStore::open(&path).expect("opens");
+        let mut all = store.load().expect("load");
+        all.sort_by(|a, b| a.resource.cmp(&b.resource));
+        assert_eq!(all.len(), 2);
+        assert_eq!(
+            (all[0].last_token, &all[0].lease, &all[0].lock_delay),
+            (Token::new(9).expect("non-zero"), &None, &None)
+        );
+        assert_eq!(
+            all[1].lease,
+            Some(StoredLease {
+                lease_id: LeaseId::from_bytes([3; 16]),
+                holder: Holder::new("old").expect("valid"),
+                ttl: Duration::from_millis(1000),
+                lock_delay: Duration::ZERO,
+            })
+        );
+        // Old records change like new ones.
+        let resource = ResourceId::new("old/held").expect("valid");
+        let expiry = Mutation::Release {
+            resource,
+            token: Token::new(5).expect("non-zero"),
+            cause: ReleaseCause::Expired,
+            lock_delay: Duration::ZERO,
+        };
+        store.apply(&[expiry]).expect("apply");
+        let all = store.load().expect("load");
+        assert!(all.iter().all(|r| r.lease.is_none()));
+    }
+}

@@ -54,9 +54,11 @@ pub trait LeaseStore: Send + 'static {
 }
 
 /// The record of one resource after applying `m` to `current` (the pure rule
-/// every backend shares).
+/// every backend shares). A grant replaces the record (ending any lock-delay);
+/// an end of the current lease clears it and, if the end starts a lock-delay,
+/// records that delay with the holder whose lease expired.
 pub(crate) fn next_record(current: Option<StoredResource>, m: &Mutation) -> Result<Option<StoredResource>, StoreError> {
-    use leasefence_core::StoredLease;
+    use leasefence_core::{StoredLease, StoredLockDelay};
     match m {
         Mutation::Grant {
             resource,
@@ -64,6 +66,7 @@ pub(crate) fn next_record(current: Option<StoredResource>, m: &Mutation) -> Resu
             lease_id,
             holder,
             ttl,
+            lock_delay,
         } => {
             if let Some(cur) = &current {
                 if cur.last_token >= *token {
@@ -78,16 +81,23 @@ pub(crate) fn next_record(current: Option<StoredResource>, m: &Mutation) -> Resu
                 lease_id: *lease_id,
                 holder: holder.clone(),
                 ttl: *ttl,
+                lock_delay: *lock_delay,
             };
             Ok(Some(StoredResource {
                 resource: resource.clone(),
                 last_token: *token,
                 lease: Some(lease),
+                lock_delay: None,
             }))
         }
-        Mutation::Release { token, .. } => Ok(current.map(|mut cur| {
+        Mutation::Release { token, lock_delay, .. } => Ok(current.map(|mut cur| {
             if cur.last_token == *token {
-                cur.lease = None;
+                if let Some(lease) = cur.lease.take() {
+                    cur.lock_delay = (!lock_delay.is_zero()).then_some(StoredLockDelay {
+                        holder: lease.holder,
+                        delay: *lock_delay,
+                    });
+                }
             }
             cur
         })),

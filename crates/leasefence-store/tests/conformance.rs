@@ -24,6 +24,7 @@ fn grant(r: &str, t: u64) -> Mutation {
         lease_id: LeaseId::from_bytes([1; 16]),
         holder: Holder::new("t").expect("valid"),
         ttl: Duration::from_secs(1),
+        lock_delay: Duration::ZERO,
     }
 }
 

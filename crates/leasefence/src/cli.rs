@@ -101,6 +101,9 @@ pub struct ServeArgs {
     /// Most acquires queued on one resource.
     #[arg(long, default_value_t = 1024)]
     pub waiters_max: usize,
+    /// Longest lock-delay an acquire may ask for.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub lock_delay_max: Duration,
 }
 
 #[derive(Args, Debug)]
@@ -143,6 +146,9 @@ pub struct AcquireArgs {
     /// Wait up to this long for a busy resource (default: fail at once).
     #[arg(long, value_parser = parse_duration, default_value = "0s")]
     pub wait: Duration,
+    /// If the lease expires (is not released), grant the resource to nobody for this long afterwards.
+    #[arg(long, value_parser = parse_duration, default_value = "0s")]
+    pub lock_delay: Duration,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,

@@ -1,6 +1,6 @@
 //! `acquire`, `renew`, `release`, `status`: one call each to a coordinator.
 
-use leasefence_client::{ClientError, LeaseInfo};
+use leasefence_client::{ClientError, LeaseConfig, LeaseInfo};
 use leasefence_core::{Holder, LeaseError, LeaseId, ResourceId};
 use serde_json::json;
 
@@ -63,10 +63,11 @@ pub async fn acquire(a: AcquireArgs) -> CmdResult {
     let res = resource(&a.resource)?;
     let holder = Holder::new(&a.holder.unwrap_or_else(default_holder)).map_err(Failure::invalid)?;
     let client = a.server.connect().await?;
-    let lease = client
-        .acquire(&res, a.ttl, Some(&holder), a.wait)
-        .await
-        .map_err(failure)?;
+    let config = LeaseConfig::new(a.ttl)
+        .with_holder(holder)
+        .with_wait(a.wait)
+        .with_lock_delay(a.lock_delay);
+    let lease = client.acquire_with(&res, &config).await.map_err(failure)?;
     print_lease(&lease, a.json, "acquired");
     Ok(())
 }

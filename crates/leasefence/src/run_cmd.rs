@@ -63,6 +63,9 @@ pub struct ChildArgs {
     /// Holder name shown to others (default: HOST:PID).
     #[arg(long)]
     pub holder: Option<String>,
+    /// If the lease expires (is not released), grant the resource to nobody for this long afterwards.
+    #[arg(long, value_parser = parse_duration, default_value = "0s")]
+    pub lock_delay: Duration,
     #[command(flatten)]
     pub server: ServerArg,
     /// The command and its arguments, after `--`.
@@ -117,7 +120,8 @@ impl ChildArgs {
         };
         let config = LeaseConfig::new(self.ttl)
             .with_holder(holder)
-            .with_margin(margin + grace);
+            .with_margin(margin + grace)
+            .with_lock_delay(self.lock_delay);
         Ok(Fencing { config, grace })
     }
 

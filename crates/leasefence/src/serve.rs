@@ -6,7 +6,9 @@ use crate::cli::ServeArgs;
 use crate::{CmdResult, Failure};
 
 pub async fn run(a: ServeArgs) -> CmdResult {
-    let lease = leasefence_core::Config::new(a.ttl_min, a.ttl_max, a.waiters_max).map_err(Failure::invalid)?;
+    let lease = leasefence_core::Config::new(a.ttl_min, a.ttl_max, a.waiters_max)
+        .map_err(Failure::invalid)?
+        .with_lock_delay_max(a.lock_delay_max);
     let mut config = ServerConfig::new(a.listen, a.data_dir);
     config.lease = lease;
     config.wait_max = a.wait_max;

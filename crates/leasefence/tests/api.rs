@@ -182,6 +182,8 @@ async fn http_wait_times_out_as_busy() {
         .post("/v1/acquire", json!({"resource": "w", "ttl_ms": 1000, "wait_ms": 200}))
         .await;
     assert_eq!((code, busy["holder"].as_str()), (409, Some("a")));
+    assert_eq!(busy["reason"], "held", "{busy}");
+    assert!(busy["retry_in_ms"].as_u64().is_some_and(|ms| ms > 9000), "{busy}");
     let status: Value = s
         .http
         .get(format!("{}/v1/status?resource=w", s.url))
@@ -291,6 +293,7 @@ async fn grpc_busy_renew_lost_waiter_and_invalid() {
         ttl_ms,
         holder: holder.into(),
         wait_ms,
+        lock_delay_ms: 0,
     };
     let a = c
         .acquire(acquire("g", "a", 300, 0))
@@ -383,6 +386,7 @@ async fn grpc_keepalive_stream_renews_until_lost() {
         ttl_ms: 200,
         holder: "a".into(),
         wait_ms: 0,
+        lock_delay_ms: 0,
     };
     let a = c.acquire(req).await.expect("acquire").into_inner();
     let (tx, rx) = tokio::sync::mpsc::channel(4);

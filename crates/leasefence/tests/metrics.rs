@@ -51,3 +51,28 @@ async fn metrics_count_grants_releases_and_refusals() {
         "lease ids never appear in metrics"
     );
 }
+
+#[tokio::test]
+async fn expiry_queue_gauge_stays_bounded_by_live_leases() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Coordinator::start(dir.path(), &[]);
+    let client = Client::connect(&c.url).await.expect("connect");
+    let r = ResourceId::new("m/queue").expect("valid");
+    // More acquire+release cycles than the queue's slack: without compaction
+    // every one would leave an entry behind for the lease's hour.
+    for _ in 0..150 {
+        let lease = client
+            .acquire(&r, Duration::from_secs(3600), None, Duration::ZERO)
+            .await
+            .expect("acquire");
+        client.release(&r, &lease.lease_id).await.expect("release");
+    }
+    let text = reqwest::get(format!("{}/metrics", c.url))
+        .await
+        .expect("get")
+        .text()
+        .await
+        .expect("text");
+    let entries = value(&text, "leasefence_expiry_queue_entries").expect("the gauge is exported");
+    assert!(entries <= 64.0, "{entries} queue entries with nothing held:\n{text}");
+}

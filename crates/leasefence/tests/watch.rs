@@ -50,6 +50,7 @@ async fn transitions(c: &mut LeasesClient<Channel>) {
         ttl_ms,
         holder: "t".into(),
         wait_ms: 0,
+        lock_delay_ms: 0,
     };
     let a = c.acquire(acquire("w/a", 10_000)).await.expect("a").into_inner();
     c.acquire(acquire("other", 10_000)).await.expect("other, not watched");

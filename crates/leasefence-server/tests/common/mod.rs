@@ -102,5 +102,6 @@ pub fn acquire(r: &str, holder: &str, ttl: Duration, wait: Duration) -> leasefen
         holder: leasefence_core::Holder::new(holder).expect("valid holder"),
         ttl,
         wait,
+        lock_delay: Duration::ZERO,
     }
 }
