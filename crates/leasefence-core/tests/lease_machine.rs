@@ -6,7 +6,8 @@
 //! unexpired earlier lease; no grant falls inside a lock-delay window (from an
 //! expired lease's deadline for its delay), and a release never starts one; a
 //! busy refusal names the right reason and time; renew after expiry is
-//! `LeaseLost` and renew before it succeeds; a failed call emits nothing and
+//! `LeaseLost` and renew before it succeeds; once time is settled (every call
+//! first expires what is due at `now`), a failed call emits nothing and
 //! changes nothing.
 
 use std::collections::HashMap;
