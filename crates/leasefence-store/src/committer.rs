@@ -69,8 +69,10 @@ pub struct Committer {
 }
 
 impl Committer {
-    /// Starts the writer thread. `batch_max` bounds one transaction (at least 1).
+    /// Starts the writer thread. `batch_max` bounds one transaction (at least 1,
+    /// and at most what the store takes, [`LeaseStore::batch_max`]).
     pub fn start<S: LeaseStore>(store: S, batch_max: usize) -> Committer {
+        let batch_max = batch_max.min(store.batch_max());
         let (tx, rx) = mpsc::unbounded_channel();
         let (durable_tx, durable) = watch::channel(Durable::default());
         let counters = Arc::new(Counters::default());

@@ -8,16 +8,24 @@
 //!
 //! Backends: [`EmbeddedStore`] (redb, the default, crash-safe) and
 //! [`MemoryStore`] (not durable; a reference for tests and simulation).
+//!
+//! For high availability, [`SharedStore`] ([`shared`]) is a store several
+//! coordinators share, one leading at a time under a strictly increasing epoch
+//! that fences every write; [`MemoryShared`] is its in-memory reference.
 
 mod codec;
 mod committer;
 pub mod conformance;
 mod embedded;
 mod memory;
+mod memory_shared;
+pub mod shared;
 
 pub use committer::{Committer, CommitterStats, Durable, Seq};
 pub use embedded::EmbeddedStore;
 pub use memory::MemoryStore;
+pub use memory_shared::{MemoryShared, MemoryWriter};
+pub use shared::{Epoch, LeaderInfo, SHARD_DEFAULT, SharedStore};
 
 use leasefence_core::{Mutation, StoredResource};
 
@@ -37,6 +45,14 @@ pub enum StoreError {
     },
     #[error("store writer stopped after an earlier failure; restart the coordinator")]
     Poisoned,
+    /// A shared store's write or renewal under an epoch that is no longer
+    /// current: another coordinator leads now. Nothing was written.
+    #[error("deposed: epoch {epoch} is no longer current (the shard's epoch is {current})")]
+    Deposed { epoch: u64, current: u64 },
+    /// A shared store's engine cannot be reached (or answered with an error
+    /// that says nothing was written); the coordinator must not grant from memory.
+    #[error("store engine unavailable: {0}")]
+    Unavailable(String),
     #[error("store writer is closed")]
     Closed,
 }
@@ -51,6 +67,13 @@ pub trait LeaseStore: Send + 'static {
     /// before it returns `Ok`. A grant must carry a token above the stored one;
     /// a release of a token that is no longer the held one changes nothing.
     fn apply(&mut self, batch: &[Mutation]) -> Result<(), StoreError>;
+
+    /// The most mutations one [`LeaseStore::apply`] may take (an engine's
+    /// limit on operations per transaction, such as etcd's); the committer
+    /// never hands it more.
+    fn batch_max(&self) -> usize {
+        usize::MAX
+    }
 }
 
 /// The record of one resource after applying `m` to `current` (the pure rule
