@@ -31,6 +31,7 @@ use leasefence_store::{Committer, Seq, StoreError};
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
+use crate::leadership::LeaderGate;
 use crate::watch::{EventKind, Filter, Hub, WatchError};
 use crate::{ApiError, metrics};
 
@@ -55,6 +56,8 @@ pub struct Engine {
     wait_max: Duration,
     reaper: Notify,
     stopping: tokio::sync::watch::Sender<bool>,
+    /// On a shared store: how long this coordinator may still act as leader.
+    gate: Option<Arc<LeaderGate>>,
 }
 
 /// A validated acquire, as the edges hand it in.
@@ -77,6 +80,18 @@ impl Engine {
         committer: Committer,
         records: Vec<StoredResource>,
     ) -> Arc<Engine> {
+        Engine::start_gated(config, wait_max, committer, records, None)
+    }
+
+    /// Like [`Engine::start`], for the leader of a shared store: every call is
+    /// refused once `gate` says the leadership is no longer confirmed.
+    pub fn start_gated(
+        config: Config,
+        wait_max: Duration,
+        committer: Committer,
+        records: Vec<StoredResource>,
+        gate: Option<Arc<LeaderGate>>,
+    ) -> Arc<Engine> {
         let machine = Coordinator::recover(config, MonoTime::ZERO, records);
         let hub_id = coordinator_id();
         let hub = Arc::new(Mutex::new(Hub::new(hub_id.clone())));
@@ -95,6 +110,7 @@ impl Engine {
             wait_max,
             reaper: Notify::new(),
             stopping: tokio::sync::watch::channel(false).0,
+            gate,
         });
         tokio::spawn(reap(Arc::downgrade(&engine)));
         engine
@@ -115,8 +131,11 @@ impl Engine {
 
     /// `Ok` while the engine answers calls; the storage error once a commit failed.
     pub fn health(&self) -> Result<(), ApiError> {
-        match self.committer.failure() {
-            Some(e) => Err(e.into()),
+        if let Some(e) = self.committer.failure() {
+            return Err(ApiError::from_store(e));
+        }
+        match &self.gate {
+            Some(gate) => gate.check(),
             None => Ok(()),
         }
     }
@@ -141,13 +160,19 @@ impl Engine {
     /// Stops accepting calls, answers queued acquires with "shutting down",
     /// ends watch and keep-alive streams, and wakes the reaper so it exits.
     pub fn stop(&self) {
+        self.stop_with(&ApiError::ShuttingDown);
+    }
+
+    /// Like [`Engine::stop`], answering queued acquires with `why` (a deposed
+    /// leader tells them it is no longer the leader).
+    pub fn stop_with(&self, why: &ApiError) {
         let waiters: Vec<WaiterReply> = {
             let mut inner = self.lock();
             inner.stopped = true;
             inner.waiters.drain().map(|(_, reply)| reply).collect()
         };
         for reply in waiters {
-            let _ = reply.send(Err(ApiError::ShuttingDown));
+            let _ = reply.send(Err(why.clone()));
         }
         self.stopping.send_replace(true);
         self.reaper.notify_one();
@@ -390,7 +415,7 @@ impl Engine {
     async fn durable(&self, seq: Seq) -> Result<(), ApiError> {
         self.committer.durable(seq).await.map_err(|e| {
             metrics::store_failure();
-            ApiError::from(e)
+            ApiError::from_store(e)
         })
     }
 }

@@ -14,9 +14,27 @@ pub enum ApiError {
     /// The coordinator is shutting down.
     #[error("coordinator is shutting down")]
     ShuttingDown,
+    /// This coordinator is a standby (or was deposed): `leader` is the active
+    /// one's advertised URL, when known. Nothing was done; retry there.
+    #[error("not the leader; {}", match leader { Some(l) => format!("the active coordinator is {l}"), None => "no active coordinator is known yet".to_string() })]
+    NotLeader { leader: Option<String> },
+    /// The coordinator cannot reach its engine (or cannot confirm its
+    /// leadership there), so it grants nothing from memory.
+    #[error("coordinator unavailable: {0}")]
+    Unavailable(String),
 }
 
 impl ApiError {
+    /// A store failure the client may retry elsewhere: the write did not
+    /// happen because this coordinator was deposed or its engine is unreachable.
+    pub fn from_store(e: StoreError) -> ApiError {
+        match e {
+            StoreError::Deposed { .. } => ApiError::NotLeader { leader: None },
+            StoreError::Unavailable(msg) => ApiError::Unavailable(msg),
+            e => ApiError::Store(e),
+        }
+    }
+
     /// Counts this outcome; the edges call it once per refused request.
     pub(crate) fn counted(self) -> ApiError {
         if let ApiError::Lease(e) = &self {

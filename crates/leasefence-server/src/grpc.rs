@@ -15,14 +15,21 @@ use tokio::sync::broadcast::error::RecvError;
 
 use crate::engine::Subscription;
 use crate::watch::{Event, EventKind, Filter, WatchError};
-use crate::{ApiError, Engine, wire};
+use crate::{ApiError, Engine, Node, wire};
 
-pub fn service(engine: Arc<Engine>) -> LeasesServer<GrpcLeases> {
-    LeasesServer::new(GrpcLeases { engine })
+pub fn service(node: Arc<Node>) -> LeasesServer<GrpcLeases> {
+    LeasesServer::new(GrpcLeases { node })
 }
 
 pub struct GrpcLeases {
-    engine: Arc<Engine>,
+    node: Arc<Node>,
+}
+
+impl GrpcLeases {
+    /// The engine to serve with, or the not-leader / unavailable answer.
+    fn engine(&self) -> Result<Arc<Engine>, Status> {
+        self.node.engine().map_err(status)
+    }
 }
 
 fn status(e: ApiError) -> Status {
@@ -30,8 +37,24 @@ fn status(e: ApiError) -> Status {
         ApiError::Lease(e) => error_to_status(&e),
         ApiError::Store(e) => Status::internal(e.to_string()),
         ApiError::ShuttingDown => Status::unavailable("coordinator is shutting down"),
+        e @ ApiError::NotLeader { .. } => not_leader(&e),
+        e @ ApiError::Unavailable(_) => Status::unavailable(e.to_string()),
     }
 }
+
+/// `UNAVAILABLE` with the active coordinator's URL in `leasefence-leader`.
+fn not_leader(e: &ApiError) -> Status {
+    let mut status = Status::unavailable(e.to_string());
+    if let ApiError::NotLeader { leader: Some(url) } = e {
+        if let Ok(v) = url.parse() {
+            status.metadata_mut().insert(LEADER_METADATA, v);
+        }
+    }
+    status
+}
+
+/// The gRPC metadata key of a standby's leader hint.
+pub const LEADER_METADATA: &str = "leasefence-leader";
 
 fn invalid(e: leasefence_core::Invalid) -> Status {
     status(ApiError::Lease(LeaseError::Invalid(e)))
@@ -55,16 +78,18 @@ impl Leases for GrpcLeases {
     async fn acquire(&self, request: Request<pb::AcquireRequest>) -> Result<Response<pb::Lease>, Status> {
         let r = request.into_inner();
         let req = wire::acquire_proto(&r).map_err(invalid)?;
-        let grant = self.engine.acquire(req).await.map_err(status)?;
-        Ok(Response::new(lease(&self.engine, &grant)))
+        let engine = self.engine()?;
+        let grant = engine.acquire(req).await.map_err(status)?;
+        Ok(Response::new(lease(&engine, &grant)))
     }
 
     async fn renew(&self, request: Request<pb::RenewRequest>) -> Result<Response<pb::Lease>, Status> {
         let r = request.into_inner();
         let resource = wire::resource(&r.resource).map_err(invalid)?;
         let id = wire::lease_id(&r.lease_id).map_err(invalid)?;
-        let grant = self.engine.renew(&resource, &id).await.map_err(status)?;
-        Ok(Response::new(lease(&self.engine, &grant)))
+        let engine = self.engine()?;
+        let grant = engine.renew(&resource, &id).await.map_err(status)?;
+        Ok(Response::new(lease(&engine, &grant)))
     }
 
     type KeepAliveStream = LeaseStream;
@@ -73,9 +98,9 @@ impl Leases for GrpcLeases {
         &self,
         request: Request<Streaming<pb::RenewRequest>>,
     ) -> Result<Response<Self::KeepAliveStream>, Status> {
-        let engine = self.engine.clone();
+        let engine = self.engine()?;
         let mut incoming = request.into_inner();
-        let stopping = self.engine.stopping();
+        let stopping = engine.stopping();
         let out = async_stream(move |tx| async move {
             tokio::pin!(stopping);
             loop {
@@ -104,7 +129,7 @@ impl Leases for GrpcLeases {
         let r = request.into_inner();
         let resource = wire::resource(&r.resource).map_err(invalid)?;
         let id = wire::lease_id(&r.lease_id).map_err(invalid)?;
-        let token = self.engine.release(&resource, &id).await.map_err(status)?;
+        let token = self.engine()?.release(&resource, &id).await.map_err(status)?;
         Ok(Response::new(pb::Released {
             resource: r.resource,
             token: token.get(),
@@ -122,20 +147,21 @@ impl Leases for GrpcLeases {
             resource: r.resource,
             prefix: r.prefix,
         };
-        let sub = self
-            .engine
+        let engine = self.engine()?;
+        engine.health().map_err(status)?;
+        let sub = engine
             .watch(&filter, r.after_revision, &r.coordinator_id)
             .map_err(|e| match e {
                 WatchError::Unavailable(msg) => Status::unavailable(msg),
                 e => Status::failed_precondition(e.to_string()),
             })?;
-        Ok(Response::new(watch_stream(sub, filter, self.engine.stopping())))
+        Ok(Response::new(watch_stream(sub, filter, engine.stopping())))
     }
 
     async fn get(&self, request: Request<pb::GetRequest>) -> Result<Response<pb::ResourceStatus>, Status> {
         let r = request.into_inner();
         let resource = wire::resource(&r.resource).map_err(invalid)?;
-        let s = self.engine.status(&resource).await.map_err(status)?;
+        let s = self.engine()?.status(&resource).await.map_err(status)?;
         Ok(Response::new(pb::ResourceStatus {
             resource: r.resource,
             last_token: s.last_token.map_or(0, |t| t.get()),

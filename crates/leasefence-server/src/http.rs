@@ -34,13 +34,13 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::{ApiError, Engine, wire};
+use crate::{ApiError, Engine, Node, wire};
 
 /// The largest request body accepted, in bytes. A request is a few hundred
 /// bytes of JSON; anything near this is a mistake or an attack.
 pub const BODY_BYTES_MAX: usize = 64 * 1024;
 
-pub fn router(engine: Arc<Engine>, metrics: Option<PrometheusHandle>) -> Router {
+pub fn router(node: Arc<Node>, metrics: Option<PrometheusHandle>) -> Router {
     let metrics_route = get(move || {
         let rendered = metrics.as_ref().map(|h| h.render());
         async move {
@@ -64,13 +64,14 @@ pub fn router(engine: Arc<Engine>, metrics: Option<PrometheusHandle>) -> Router 
         .fallback(unknown_path)
         .layer(axum::middleware::map_response(payload_too_large))
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
-        .with_state(engine)
+        .with_state(node)
 }
 
-/// `ok`, or 503 once the coordinator can only answer errors (a failed commit).
-async fn healthz(State(engine): State<Arc<Engine>>) -> (StatusCode, String) {
-    match engine.health() {
-        Ok(()) => (StatusCode::OK, "ok".into()),
+/// `ok` (with the role on a shared store), or 503 once the coordinator can
+/// only answer errors (a failed commit, an unreachable engine).
+async fn healthz(State(node): State<Arc<Node>>) -> (StatusCode, String) {
+    match node.health() {
+        Ok(role) => (StatusCode::OK, role),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("unhealthy: {e}\n")),
     }
 }
@@ -183,6 +184,14 @@ impl From<ApiError> for Failure {
                 StatusCode::SERVICE_UNAVAILABLE,
                 json!({ "error": "shutting_down", "message": message }),
             ),
+            ApiError::NotLeader { leader } => Failure(
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({ "error": "not_leader", "leader": leader, "message": message }),
+            ),
+            ApiError::Unavailable(_) => Failure(
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({ "error": "unavailable", "message": message }),
+            ),
         }
     }
 }
@@ -198,19 +207,22 @@ fn lease_json(engine: &Engine, g: &Grant) -> Value {
     })
 }
 
-async fn acquire(State(engine): State<Arc<Engine>>, body: Bytes) -> Result<axum::Json<Value>, Failure> {
+async fn acquire(State(node): State<Arc<Node>>, body: Bytes) -> Result<axum::Json<Value>, Failure> {
+    let engine = node.engine()?;
     let req = wire::acquire_json(&body)?;
     let grant = engine.acquire(req).await?;
     Ok(axum::Json(lease_json(&engine, &grant)))
 }
 
-async fn renew(State(engine): State<Arc<Engine>>, body: Bytes) -> Result<axum::Json<Value>, Failure> {
+async fn renew(State(node): State<Arc<Node>>, body: Bytes) -> Result<axum::Json<Value>, Failure> {
+    let engine = node.engine()?;
     let (resource, lease_id) = wire::lease_json(&body)?;
     let grant = engine.renew(&resource, &lease_id).await?;
     Ok(axum::Json(lease_json(&engine, &grant)))
 }
 
-async fn release(State(engine): State<Arc<Engine>>, body: Bytes) -> Result<axum::Json<Value>, Failure> {
+async fn release(State(node): State<Arc<Node>>, body: Bytes) -> Result<axum::Json<Value>, Failure> {
+    let engine = node.engine()?;
     let (resource, lease_id) = wire::lease_json(&body)?;
     let token = engine.release(&resource, &lease_id).await?;
     Ok(axum::Json(
@@ -219,11 +231,11 @@ async fn release(State(engine): State<Arc<Engine>>, body: Bytes) -> Result<axum:
 }
 
 async fn status(
-    State(engine): State<Arc<Engine>>,
+    State(node): State<Arc<Node>>,
     query: Result<Query<StatusQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<axum::Json<Value>, Failure> {
     let resource = query.ok().and_then(|Query(q)| q.resource).unwrap_or_default();
-    let s = engine.status(&wire::resource(&resource)?).await?;
+    let s = node.engine()?.status(&wire::resource(&resource)?).await?;
     let held = s.held.as_ref();
     Ok(axum::Json(json!({
         "resource": s.resource.as_str(),

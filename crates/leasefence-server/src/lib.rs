@@ -5,14 +5,19 @@
 //! - [`engine`]: the shared state, the one place that reads the clock, executes
 //!   the core's effects (persist, then answer), queues waiters and reaps expiries.
 //! - [`grpc`] and [`http`]: thin edges that validate wire input into core types.
-//! - [`Server`]: binds the port, recovers the store, serves until shutdown.
+//! - [`node`] and [`leadership`]: on a store several coordinators share, who
+//!   is active; the election, epoch-fenced leadership and stepping down.
+//! - [`Server`]: binds the port, recovers the store (or joins the election),
+//!   serves until shutdown.
 
 pub mod config;
 pub mod engine;
 mod error;
 mod grpc;
 mod http;
+pub mod leadership;
 pub mod metrics;
+pub mod node;
 pub mod watch;
 pub mod wire;
 
@@ -23,7 +28,9 @@ use std::sync::Arc;
 pub use config::ServerConfig;
 pub use engine::Engine;
 pub use error::ApiError;
-use leasefence_store::{Committer, EmbeddedStore, LeaseStore, StoreError};
+pub use leadership::HaConfig;
+use leasefence_store::{Committer, EmbeddedStore, LeaseStore, SharedStore, StoreError};
+pub use node::{Node, Role};
 use tokio::net::TcpListener;
 
 /// Why the server could not start or stopped.
@@ -45,11 +52,23 @@ pub enum ServerError {
 /// connections get to take their answers.
 const FATAL_DRAIN: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// A bound, recovered coordinator, ready to serve.
+/// A bound coordinator, ready to serve.
 pub struct Server {
     listener: TcpListener,
-    engine: Arc<Engine>,
+    node: Arc<Node>,
+    mode: Mode,
     metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+}
+
+enum Mode {
+    /// One coordinator on its own store: active for its whole life.
+    Single(Arc<Engine>),
+    /// One of several on a shared store: the election runs beside the edges
+    /// until `stop` turns true.
+    Shared {
+        election: leadership::Election,
+        stop: tokio::sync::watch::Sender<bool>,
+    },
 }
 
 impl Server {
@@ -59,22 +78,45 @@ impl Server {
         Server::bind_with_store(config, store).await
     }
 
-    /// Like [`Server::bind`] with any store backend.
+    /// Like [`Server::bind`] with any store backend of its own.
     pub async fn bind_with_store<S: LeaseStore>(config: ServerConfig, mut store: S) -> Result<Server, ServerError> {
         let records = store.load()?;
         let recovered = records.len();
         let committer = Committer::start(store, config.batch_max);
         let engine = Engine::start(config.lease.clone(), config.wait_max, committer, records);
-        let listener = TcpListener::bind(config.listen)
-            .await
-            .map_err(|source| ServerError::Bind {
-                addr: config.listen,
-                source,
-            })?;
+        let listener = listen(&config).await?;
         tracing::info!(resources = recovered, "store recovered");
         Ok(Server {
             listener,
-            engine,
+            node: Node::new(Role::Active {
+                engine: engine.clone(),
+                epoch: None,
+            }),
+            mode: Mode::Single(engine),
+            metrics: config.metrics,
+        })
+    }
+
+    /// Binds a coordinator that shares `store` with others: it stands by until
+    /// it wins the shard's leadership, then serves (see [`leadership`]).
+    pub async fn bind_shared<S: SharedStore>(
+        config: ServerConfig,
+        store: S,
+        ha: HaConfig,
+    ) -> Result<Server, ServerError> {
+        let listener = listen(&config).await?;
+        let node = Node::new(Role::Standby { leader: None });
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let setup = leadership::EngineSetup {
+            lease: config.lease.clone(),
+            wait_max: config.wait_max,
+            batch_max: config.batch_max,
+        };
+        let election = Box::pin(leadership::run(node.clone(), Arc::new(store), setup, ha, stopped));
+        Ok(Server {
+            listener,
+            node,
+            mode: Mode::Shared { election, stop },
             metrics: config.metrics,
         })
     }
@@ -83,55 +125,90 @@ impl Server {
         self.listener.local_addr()
     }
 
-    pub fn engine(&self) -> &Arc<Engine> {
-        &self.engine
+    pub fn node(&self) -> &Arc<Node> {
+        &self.node
     }
 
-    /// Serves gRPC and HTTP/JSON on the bound port until `shutdown` completes,
-    /// or until a commit fails: then it stops with [`ServerError::Fatal`]
+    /// Serves gRPC and HTTP/JSON on the bound port until `shutdown` completes.
+    /// On its own store, a failed commit stops it with [`ServerError::Fatal`]
     /// (crash-only, as after a failed fsync: nothing is guessed, the restart
-    /// reloads what is on disk).
+    /// reloads what is on disk); on a shared store the coordinator steps down
+    /// instead and campaigns again, which reloads from the engine.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
         // Without tonic's fallback (a gRPC UNIMPLEMENTED for any path), so
         // that the HTTP router's fallback answers unknown paths, in JSON or gRPC.
-        let grpc = tonic::service::Routes::new(grpc::service(self.engine.clone()))
+        let grpc = tonic::service::Routes::new(grpc::service(self.node.clone()))
             .prepare()
             .into_axum_router()
             .reset_fallback();
-        let app = http::router(self.engine.clone(), self.metrics).merge(grpc);
+        let app = http::router(self.node.clone(), self.metrics).merge(grpc);
         if let Ok(addr) = self.listener.local_addr() {
             tracing::info!(%addr, "serving gRPC and HTTP");
         }
-        // Stop the engine first: queued acquires and open streams end, so the
-        // graceful shutdown does not wait on them.
-        let engine = self.engine.clone();
-        let (fatal_tx, mut fatal_rx) = tokio::sync::watch::channel(None);
-        let failed = self.engine.store_failed();
-        let shutdown = async move {
-            tokio::select! {
-                () = shutdown => {}
-                e = failed => {
-                    tracing::error!(error = %e, "fatal storage failure: stopping");
-                    fatal_tx.send_replace(Some(e));
-                    tokio::time::sleep(FATAL_DRAIN).await;
-                }
+        match self.mode {
+            Mode::Single(engine) => run_single(self.listener, app, engine, shutdown).await,
+            Mode::Shared { election, stop } => {
+                let election = tokio::spawn(election);
+                let stop_on = stop.clone();
+                let shutdown = async move {
+                    shutdown.await;
+                    stop_on.send_replace(true);
+                };
+                let result = axum::serve(self.listener, app).with_graceful_shutdown(shutdown).await;
+                stop.send_replace(true);
+                // The election steps down and resigns, so a standby need not wait out the TTL.
+                let _ = tokio::time::timeout(FATAL_DRAIN * 5, election).await;
+                result.map_err(ServerError::Serve)
             }
-            engine.stop();
-        };
-        let serving = axum::serve(self.listener, app).with_graceful_shutdown(shutdown);
-        // After a fatal failure the stop does not wait long for slow connections.
-        let drained = async {
-            let _ = fatal_rx.wait_for(Option::is_some).await;
-            tokio::time::sleep(2 * FATAL_DRAIN).await;
-        };
-        let result = tokio::select! {
-            r = serving => r.map_err(ServerError::Serve),
-            () = drained => Ok(()),
-        };
-        self.engine.stop();
-        match fatal_rx.borrow().clone() {
-            Some(e) => Err(ServerError::Fatal(e)),
-            None => result,
         }
+    }
+}
+
+async fn listen(config: &ServerConfig) -> Result<TcpListener, ServerError> {
+    TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| ServerError::Bind {
+            addr: config.listen,
+            source,
+        })
+}
+
+/// Serves one coordinator on its own store; a failed commit is fatal.
+async fn run_single(
+    listener: TcpListener,
+    app: axum::Router,
+    engine: Arc<Engine>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
+    // Stop the engine first: queued acquires and open streams end, so the
+    // graceful shutdown does not wait on them.
+    let stopping = engine.clone();
+    let (fatal_tx, mut fatal_rx) = tokio::sync::watch::channel(None);
+    let failed = engine.store_failed();
+    let shutdown = async move {
+        tokio::select! {
+            () = shutdown => {}
+            e = failed => {
+                tracing::error!(error = %e, "fatal storage failure: stopping");
+                fatal_tx.send_replace(Some(e));
+                tokio::time::sleep(FATAL_DRAIN).await;
+            }
+        }
+        stopping.stop();
+    };
+    let serving = axum::serve(listener, app).with_graceful_shutdown(shutdown);
+    // After a fatal failure the stop does not wait long for slow connections.
+    let drained = async {
+        let _ = fatal_rx.wait_for(Option::is_some).await;
+        tokio::time::sleep(2 * FATAL_DRAIN).await;
+    };
+    let result = tokio::select! {
+        r = serving => r.map_err(ServerError::Serve),
+        () = drained => Ok(()),
+    };
+    engine.stop();
+    match fatal_rx.borrow().clone() {
+        Some(e) => Err(ServerError::Fatal(e)),
+        None => result,
     }
 }

@@ -51,3 +51,15 @@ pub(crate) fn sizes(held: usize, resources: usize, waiters: usize, expiry_queue:
     gauge!("leasefence_waiters").set(waiters as f64);
     gauge!("leasefence_expiry_queue_entries").set(expiry_queue as f64);
 }
+
+/// 1 while this coordinator is the active one, 0 as a standby.
+pub(crate) fn leader(active: bool) {
+    gauge!("leasefence_leader").set(if active { 1.0 } else { 0.0 });
+}
+
+/// A leadership term won (`epoch`) or lost.
+pub(crate) fn term(epoch: u64, won: bool) {
+    gauge!("leasefence_leader_epoch").set(epoch as f64);
+    let event = if won { "won" } else { "lost" };
+    counter!("leasefence_leadership_changes_total", "event" => event).increment(1);
+}
