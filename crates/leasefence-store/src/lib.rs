@@ -17,12 +17,16 @@ mod codec;
 mod committer;
 pub mod conformance;
 mod embedded;
+#[cfg(feature = "etcd")]
+mod etcd;
 mod memory;
 mod memory_shared;
 pub mod shared;
 
 pub use committer::{Committer, CommitterStats, Durable, Seq};
 pub use embedded::EmbeddedStore;
+#[cfg(feature = "etcd")]
+pub use etcd::{EtcdConfig, EtcdConfigError, EtcdShared, EtcdWriter};
 pub use memory::MemoryStore;
 pub use memory_shared::{MemoryShared, MemoryWriter};
 pub use shared::{Epoch, LeaderInfo, SHARD_DEFAULT, SharedStore};
