@@ -113,22 +113,24 @@ impl EtcdShared {
     fn read_term(&self) -> Result<Term, StoreError> {
         let (ek, lk) = (self.inner.keys.epoch(), self.inner.keys.leader());
         let txn = Txn::new().and_then(vec![TxnOp::get(ek.clone(), None), TxnOp::get(lk.clone(), None)]);
-        let resp = self
-            .inner
-            .conn
-            .run("read the leadership", |mut c| async move { c.txn(txn).await })?;
+        let resp = self.inner.conn.idempotent("read the leadership", |mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })?;
         term_from(&resp, &ek, &lk, 0)
     }
 
     /// Ends `lease` (and so the leader key bound to it). A lease etcd no longer
     /// knows is already over.
     fn revoke(&self, lease: i64) -> Result<(), StoreError> {
-        self.inner.conn.run("revoke the leader's lease", |mut c| async move {
-            match c.lease_revoke(lease).await {
-                Err(etcd_client::Error::GRpcStatus(s)) if s.code() == tonic::Code::NotFound => Ok(()),
-                other => other.map(|_| ()),
-            }
-        })
+        self.inner
+            .conn
+            .idempotent("revoke the leader's lease", |mut c| async move {
+                match c.lease_revoke(lease).await {
+                    Err(etcd_client::Error::GRpcStatus(s)) if s.code() == tonic::Code::NotFound => Ok(()),
+                    other => other.map(|_| ()),
+                }
+            })
     }
 }
 
@@ -186,9 +188,12 @@ impl SharedStore for EtcdShared {
             .epoch
             .checked_add(1)
             .ok_or_else(|| StoreError::Io("the shard's epoch cannot grow past u64::MAX".into()))?;
-        let granted = self.inner.conn.run("grant the leader's lease", |mut c| async move {
-            c.lease_grant(secs, None).await
-        })?;
+        let granted = self
+            .inner
+            .conn
+            .idempotent("grant the leader's lease", |mut c| async move {
+                c.lease_grant(secs, None).await
+            })?;
         let lease = granted.id();
         if u64::try_from(granted.ttl()).ok().map(Duration::from_secs) != Some(ttl) {
             tracing::info!(
@@ -211,7 +216,10 @@ impl SharedStore for EtcdShared {
                     Some(PutOptions::new().with_lease(lease)),
                 ),
             ]);
-        match self.inner.conn.run("campaign", |mut c| async move { c.txn(txn).await }) {
+        match self.inner.conn.write("campaign", |mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        }) {
             Ok(resp) if resp.succeeded() => {
                 *self.term() = Some((next, lease));
                 Ok(Some(next))
@@ -241,15 +249,18 @@ impl SharedStore for EtcdShared {
                 term.lease_of(epoch).ok_or_else(|| term.deposed(epoch))?
             }
         };
-        let alive = self.inner.conn.run("renew the leader's lease", |mut c| async move {
-            // The client reads etcd's first answer itself, and calls a
-            // lease etcd answered with TTL 0 (gone) "lease not found".
-            match c.lease_keep_alive(lease).await {
-                Ok(_) => Ok(true),
-                Err(etcd_client::Error::LeaseKeepAliveError(m)) if m == "lease not found" => Ok(false),
-                Err(e) => Err(e),
-            }
-        })?;
+        let alive = self
+            .inner
+            .conn
+            .idempotent("renew the leader's lease", |mut c| async move {
+                // The client reads etcd's first answer itself, and calls a
+                // lease etcd answered with TTL 0 (gone) "lease not found".
+                match c.lease_keep_alive(lease).await {
+                    Ok(_) => Ok(true),
+                    Err(etcd_client::Error::LeaseKeepAliveError(m)) if m == "lease not found" => Ok(false),
+                    Err(e) => Err(e),
+                }
+            })?;
         // The lease is alive; check that it is still the one of our epoch.
         let term = self.read_term()?;
         if !alive || term.lease_of(epoch) != Some(lease) {

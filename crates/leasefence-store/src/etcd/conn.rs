@@ -1,6 +1,6 @@
 //! The etcd client behind the store's blocking methods: a current-thread
-//! runtime the store owns, one client (redialled after a failure), a bound on
-//! every call, and what etcd's errors mean for a coordinator.
+//! runtime the store owns, a client per member (redialled after a failure), a
+//! bound on every call, and what etcd's errors mean for a coordinator.
 //!
 //! The runtime runs only while a call blocks on it, from whatever thread calls
 //! (a committer's thread, a `spawn_blocking` thread, a plain thread); several
@@ -27,10 +27,19 @@ impl Drop for Rt {
 }
 
 pub(super) struct Conn {
-    // Declared before `rt`: the client's tasks live on it, so drop it first.
-    client: Mutex<Option<Client>>,
+    // Declared before `rt`: the clients' tasks live on it, so drop them first.
+    members: Mutex<Members>,
     rt: Rt,
     config: EtcdConfig,
+}
+
+/// One client per member, dialled lazily, and the member calls go to. Calls
+/// stay on one member until it fails as unavailable, then move to the next:
+/// a client that balanced over every member would keep sending some calls to
+/// a dead one.
+struct Members {
+    clients: Vec<Option<Client>>,
+    current: usize,
 }
 
 impl Conn {
@@ -41,7 +50,10 @@ impl Conn {
             .build()
             .map_err(|e| StoreError::Io(format!("cannot start the etcd client's runtime: {e}")))?;
         Ok(Conn {
-            client: Mutex::new(None),
+            members: Mutex::new(Members {
+                clients: vec![None; config.endpoints().len()],
+                current: 0,
+            }),
             rt: Rt(Some(rt)),
             config,
         })
@@ -51,8 +63,8 @@ impl Conn {
         &self.config
     }
 
-    fn slot(&self) -> MutexGuard<'_, Option<Client>> {
-        self.client.lock().unwrap_or_else(|e| e.into_inner())
+    fn members(&self) -> MutexGuard<'_, Members> {
+        self.members.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn block_on<F: Future>(&self, f: F) -> Result<F::Output, StoreError> {
@@ -62,12 +74,13 @@ impl Conn {
         }
     }
 
-    /// The client, dialling anew when there is none (at first, and after a
-    /// call failed as unavailable). Dialling is lazy: it only sets up channels.
-    fn client(&self) -> Result<Client, StoreError> {
-        let mut slot = self.slot();
-        if let Some(c) = slot.as_ref() {
-            return Ok(c.clone());
+    /// The current member and its client, dialled when it has none (at first,
+    /// and after it failed). Dialling is lazy: it only sets up a channel.
+    fn client(&self) -> Result<(usize, Client), StoreError> {
+        let mut m = self.members();
+        let i = m.current;
+        if let Some(c) = m.clients.get(i).and_then(Option::as_ref) {
+            return Ok((i, c.clone()));
         }
         let options = ConnectOptions::new()
             .with_timeout(self.config.request_timeout())
@@ -76,35 +89,109 @@ impl Conn {
             // A member cut off from its quorum refuses at once rather than
             // letting the call hang until it times out.
             .with_require_leader(true);
-        let endpoints: Vec<String> = self.config.endpoints().iter().map(|e| format!("http://{e}")).collect();
+        let endpoint = format!("http://{}", self.config.endpoints()[i]);
         let client = self
-            .block_on(Client::connect(endpoints, Some(options)))?
+            .block_on(Client::connect([endpoint], Some(options)))?
             .map_err(|e| unavailable("connect", &e))?;
-        *slot = Some(client.clone());
-        Ok(client)
+        m.clients[i] = Some(client.clone());
+        Ok((i, client))
     }
 
-    /// Runs one exchange with etcd, bounded by the request timeout. A failure
-    /// that says the engine cannot be reached drops the client, so the next
-    /// call dials again.
-    pub(super) fn run<T, F, Fut>(&self, what: &str, f: F) -> Result<T, StoreError>
+    /// Drops member `i`'s client and moves calls to the next member, unless
+    /// another call did so already.
+    fn next_member(&self, i: usize) {
+        let mut m = self.members();
+        m.clients[i] = None;
+        if m.current == i {
+            m.current = (i + 1) % m.clients.len();
+        }
+    }
+
+    /// Runs an exchange that is safe to send twice (a read, a keep-alive, a
+    /// revoke, a lease grant: a spare lease only lapses), each attempt bounded
+    /// by the request timeout. When a member fails as unavailable the call is
+    /// tried on the next one, once per member.
+    pub(super) fn idempotent<T, F, Fut>(&self, what: &str, f: F) -> Result<T, StoreError>
     where
-        F: FnOnce(Client) -> Fut,
+        F: FnMut(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        let client = self.client()?;
-        let timeout = self.config.request_timeout();
-        let out = self.block_on(async move { tokio::time::timeout(timeout, f(client)).await })?;
-        let err = match out {
-            Ok(Ok(v)) => return Ok(v),
-            Ok(Err(e)) => classify(what, &e),
-            Err(_) => StoreError::Unavailable(format!("etcd did not answer {what} within {timeout:?}")),
-        };
-        if matches!(err, StoreError::Unavailable(_)) {
-            *self.slot() = None;
-        }
-        Err(err)
+        self.call(what, Resend::Always, f)
     }
+
+    /// Runs a write (a transaction that changes keys). It is tried on the next
+    /// member only when the failed one certainly did not take it (refused the
+    /// connection, or has no leader): a write that may have reached etcd is
+    /// never sent twice, as its effect could then land twice. The call fails
+    /// instead, and the next call goes to the next member.
+    pub(super) fn write<T, F, Fut>(&self, what: &str, f: F) -> Result<T, StoreError>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        self.call(what, Resend::IfNotTaken, f)
+    }
+
+    fn call<T, F, Fut>(&self, what: &str, resend: Resend, mut f: F) -> Result<T, StoreError>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let timeout = self.config.request_timeout();
+        let mut tries = self.config.endpoints().len();
+        loop {
+            tries -= 1;
+            let (i, client) = self.client()?;
+            let call = f(client);
+            let out = self.block_on(async move { tokio::time::timeout(timeout, call).await })?;
+            let (err, not_taken) = match out {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) => (classify(what, &e), not_taken(&e)),
+                Err(_) => (
+                    StoreError::Unavailable(format!("etcd did not answer {what} within {timeout:?}")),
+                    false,
+                ),
+            };
+            if !matches!(err, StoreError::Unavailable(_)) {
+                return Err(err);
+            }
+            self.next_member(i);
+            let again = match resend {
+                Resend::Always => true,
+                Resend::IfNotTaken => not_taken,
+            };
+            if !again || tries == 0 {
+                return Err(err);
+            }
+        }
+    }
+}
+
+/// When a call that failed as unavailable may be sent to the next member.
+#[derive(Clone, Copy)]
+enum Resend {
+    Always,
+    IfNotTaken,
+}
+
+/// Whether `e` says the member never took the request: it refused the
+/// connection, or (etcd's "no leader", which it checks before anything else)
+/// it has no quorum.
+fn not_taken(e: &etcd_client::Error) -> bool {
+    let etcd_client::Error::GRpcStatus(s) = e else {
+        return false;
+    };
+    if s.code() == tonic::Code::Unavailable && s.message() == "etcdserver: no leader" {
+        return true;
+    }
+    let mut source = std::error::Error::source(s);
+    while let Some(err) = source {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            return io.kind() == std::io::ErrorKind::ConnectionRefused;
+        }
+        source = err.source();
+    }
+    false
 }
 
 fn unavailable(what: &str, e: &etcd_client::Error) -> StoreError {

@@ -62,10 +62,10 @@ impl EtcdWriter {
         let mut reads = vec![TxnOp::get(ek.clone(), None), TxnOp::get(lk.clone(), None)];
         reads.extend(record_keys.iter().map(|k| TxnOp::get(k.clone(), None)));
         let txn = Txn::new().and_then(reads);
-        let resp = self
-            .inner
-            .conn
-            .run("read the batch's records", |mut c| async move { c.txn(txn).await })?;
+        let resp = self.inner.conn.idempotent("read the batch's records", |mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })?;
         let term = term_from(&resp, &ek, &lk, 0)?;
         let lease = term.lease_of(self.epoch).ok_or_else(|| term.deposed(self.epoch))?;
 
@@ -121,10 +121,10 @@ impl EtcdWriter {
             .when(plan.compares)
             .and_then(plan.puts)
             .or_else(vec![TxnOp::get(ek.clone(), None), TxnOp::get(lk.clone(), None)]);
-        let resp = self
-            .inner
-            .conn
-            .run("write the batch", |mut c| async move { c.txn(txn).await })?;
+        let resp = self.inner.conn.write("write the batch", |mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })?;
         if resp.succeeded() {
             return Ok(true);
         }
@@ -160,11 +160,10 @@ impl LeaseStore for EtcdWriter {
                 // Every page at the first page's revision: one consistent view.
                 options = options.with_revision(revision);
             }
-            let from = start.clone();
-            let resp = self.inner.conn.run(
-                "load the records",
-                |mut c| async move { c.get(from, Some(options)).await },
-            )?;
+            let resp = self.inner.conn.idempotent("load the records", |mut c| {
+                let (from, options) = (start.clone(), options.clone());
+                async move { c.get(from, Some(options)).await }
+            })?;
             if revision == 0 {
                 revision = resp.header().map_or(0, |h| h.revision());
             }

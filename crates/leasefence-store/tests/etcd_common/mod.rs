@@ -62,3 +62,84 @@ pub fn grant(resource: &str, token: u64) -> Mutation {
         lock_delay: Duration::ZERO,
     }
 }
+
+/// The 3-member cluster's members, as `.ci/etcd.sh` lays them out under
+/// `LEASEFENCE_TEST_ETCD_CLUSTER_DIR`: `members` (the names, in URL order) and,
+/// per member, `client` (host:port), `pid` and `start`.
+pub struct Cluster {
+    dir: std::path::PathBuf,
+    pub names: Vec<String>,
+}
+
+impl Cluster {
+    pub fn open(dir: &str) -> Cluster {
+        let dir = std::path::PathBuf::from(dir);
+        let members = std::fs::read_to_string(dir.join("members")).expect("the cluster's members file");
+        let names = members.lines().map(str::to_string).collect();
+        Cluster { dir, names }
+    }
+
+    fn read(&self, name: &str, file: &str) -> String {
+        let path = self.dir.join(name).join(file);
+        std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+            .trim()
+            .to_string()
+    }
+
+    pub fn is_up(&self, name: &str) -> bool {
+        let addr = self.read(name, "client");
+        std::net::TcpStream::connect(addr.as_str()).is_ok()
+    }
+
+    fn wait(&self, name: &str, up: bool) {
+        let start = std::time::Instant::now();
+        while self.is_up(name) != up {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "etcd member {name} is not {} after 20 s",
+                if up { "up" } else { "down" }
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGKILLs the member and waits until its client port refuses.
+    pub fn kill(&self, name: &str) {
+        let pid = self.read(name, "pid");
+        let status = std::process::Command::new("kill")
+            .args(["-KILL", &pid])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -KILL {pid} ({name})");
+        self.wait(name, false);
+    }
+
+    /// Starts the member again on its data dir and waits until it listens.
+    pub fn start(&self, name: &str) {
+        let script = self.dir.join(name).join("start");
+        let status = std::process::Command::new("sh")
+            .arg(&script)
+            .status()
+            .expect("run the member's start script");
+        assert!(status.success(), "{}", script.display());
+        self.wait(name, true);
+    }
+}
+
+/// Starts every member that is down when dropped, so that a failing test
+/// leaves the cluster whole for the next one.
+pub struct Restore<'a>(pub &'a Cluster);
+
+impl Drop for Restore<'_> {
+    fn drop(&mut self) {
+        // No panics here: this may run while a failed test unwinds.
+        for name in &self.0.names {
+            if !self.0.is_up(name) {
+                let _ = std::process::Command::new("sh")
+                    .arg(self.0.dir.join(name).join("start"))
+                    .status();
+            }
+        }
+    }
+}
