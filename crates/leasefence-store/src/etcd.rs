@@ -13,8 +13,17 @@
 //! Every batch of the leader's writer is one transaction that compares the
 //! epoch key (still the writer's epoch) and the leader key (still bound to the
 //! writer's lease), and each record's revision (as read for the batch), before
-//! it puts the records: a deposed leader writes nothing. See [`keys`] for the
-//! layout.
+//! it puts the records: a deposed leader writes nothing. A batch takes at most
+//! etcd's operations per transaction less two (126 by default), which
+//! [`crate::LeaseStore::batch_max`] tells the committer.
+//!
+//! Keys, under `{prefix}shard/{shard}/`: `epoch` (the last epoch, decimal),
+//! `leader` (`{epoch}\n{advertised URL}`, bound to the leader's lease) and
+//! `r/{resource}` (the record, in the store's record codec).
+//!
+//! Calls go to one member until it fails as unavailable, then to the next;
+//! each is bounded by [`EtcdConfig::request_timeout`], so a cluster without
+//! quorum makes calls fail with [`StoreError::Unavailable`] rather than hang.
 
 mod config;
 mod conn;

@@ -11,7 +11,8 @@
 //!
 //! For high availability, [`SharedStore`] ([`shared`]) is a store several
 //! coordinators share, one leading at a time under a strictly increasing epoch
-//! that fences every write; [`MemoryShared`] is its in-memory reference.
+//! that fences every write; [`MemoryShared`] is its in-memory reference, and
+//! `EtcdShared` (cargo feature `etcd`) keeps it in etcd.
 
 mod codec;
 mod committer;
