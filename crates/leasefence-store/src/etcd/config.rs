@@ -29,8 +29,10 @@ const URL_FORM: &str = "etcd://host:port[,host:port…]";
 impl EtcdConfig {
     /// The key prefix when none is given (`serve --store-prefix`).
     pub const PREFIX_DEFAULT: &'static str = "/leasefence/";
-    /// How long one call to etcd may take before it fails as unavailable. A
-    /// member without quorum makes calls hang rather than fail: this bounds them.
+    /// How long one attempt of a call to etcd may take before it fails as
+    /// unavailable. A member without quorum makes calls hang rather than fail:
+    /// this bounds them. A call tries each member at most once, so it fails
+    /// within (members × this) at worst.
     pub const REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(2);
     /// How long dialling one member may take.
     pub const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(1);
