@@ -11,18 +11,23 @@
 //!
 //! For high availability, [`SharedStore`] ([`shared`]) is a store several
 //! coordinators share, one leading at a time under a strictly increasing epoch
-//! that fences every write; [`MemoryShared`] is its in-memory reference.
+//! that fences every write; [`MemoryShared`] is its in-memory reference, and
+//! `EtcdShared` (cargo feature `etcd`) keeps it in etcd.
 
 mod codec;
 mod committer;
 pub mod conformance;
 mod embedded;
+#[cfg(feature = "etcd")]
+mod etcd;
 mod memory;
 mod memory_shared;
 pub mod shared;
 
 pub use committer::{Committer, CommitterStats, Durable, Seq};
 pub use embedded::EmbeddedStore;
+#[cfg(feature = "etcd")]
+pub use etcd::{EtcdConfig, EtcdConfigError, EtcdShared, EtcdWriter};
 pub use memory::MemoryStore;
 pub use memory_shared::{MemoryShared, MemoryWriter};
 pub use shared::{Epoch, LeaderInfo, SHARD_DEFAULT, SharedStore};
