@@ -19,12 +19,16 @@ pub mod conformance;
 mod embedded;
 mod memory;
 mod memory_shared;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 pub mod shared;
 
 pub use committer::{Committer, CommitterStats, Durable, Seq};
 pub use embedded::EmbeddedStore;
 pub use memory::MemoryStore;
 pub use memory_shared::{MemoryShared, MemoryWriter};
+#[cfg(feature = "postgres")]
+pub use postgres::{PostgresConfig, PostgresShared, PostgresWriter};
 pub use shared::{Epoch, LeaderInfo, SHARD_DEFAULT, SharedStore};
 
 use leasefence_core::{Mutation, StoredResource};
