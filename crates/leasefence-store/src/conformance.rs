@@ -4,6 +4,9 @@
 //! called (reopening after the previous handle is dropped), so the suite can
 //! check what survives a reopen. Each scenario uses its own resource names, so
 //! one state may serve every scenario. Failures panic with what was expected.
+//!
+//! [`shared`] is the suite of the [`crate::SharedStore`] port (leadership,
+//! epochs, fenced writes); it runs this one against a current leader's writer.
 
 use std::time::Duration;
 
@@ -12,6 +15,8 @@ use leasefence_core::{
 };
 
 use crate::{LeaseStore, StoreError};
+
+pub mod shared;
 
 fn res(s: &str) -> ResourceId {
     ResourceId::new(s).expect("suite uses valid names")

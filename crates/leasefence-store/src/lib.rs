@@ -22,6 +22,8 @@ mod embedded;
 mod etcd;
 mod memory;
 mod memory_shared;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 pub mod shared;
 
 pub use committer::{Committer, CommitterStats, Durable, Seq};
@@ -30,6 +32,8 @@ pub use embedded::EmbeddedStore;
 pub use etcd::{EtcdConfig, EtcdConfigError, EtcdShared, EtcdWriter};
 pub use memory::MemoryStore;
 pub use memory_shared::{MemoryShared, MemoryWriter};
+#[cfg(feature = "postgres")]
+pub use postgres::{PostgresConfig, PostgresShared, PostgresWriter};
 pub use shared::{Epoch, LeaderInfo, SHARD_DEFAULT, SharedStore};
 
 use leasefence_core::{Mutation, StoredResource};

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use leasefence_core::{Holder, LeaseId, Mutation, ResourceId, Token};
-use leasefence_store::{Committer, EmbeddedStore, LeaseStore, MemoryStore, StoreError, conformance};
+use leasefence_store::{Committer, EmbeddedStore, LeaseStore, MemoryShared, MemoryStore, StoreError, conformance};
 
 #[test]
 fn memory_store_passes_the_suite() {
@@ -79,4 +79,11 @@ async fn committer_poisons_after_a_failed_commit() {
     assert_eq!(committer.durable(after).await, Err(StoreError::Poisoned));
     // What was durable before the failure stays so.
     assert_eq!(committer.durable(first).await, Ok(()));
+}
+
+#[test]
+fn memory_shared_passes_the_shared_suite() {
+    // One engine per shard: MemoryShared has no shards of its own.
+    let mut shards: std::collections::HashMap<u32, MemoryShared> = Default::default();
+    conformance::shared::run_all(|shard| shards.entry(shard).or_default().clone());
 }

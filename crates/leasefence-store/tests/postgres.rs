@@ -1,0 +1,408 @@
+//! The PostgreSQL shared store against the real PostgreSQL of
+//! `LEASEFENCE_TEST_POSTGRES_URL`: both conformance suites, the schema's
+//! install and version check, and an engine that goes away. Each test works in
+//! a schema of its own, dropped at the end (others use the same database).
+
+mod common;
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::proxy::Proxy;
+use leasefence_core::{Holder, LeaseId, Mutation, ResourceId, Token};
+use leasefence_store::{Committer, LeaseStore, PostgresConfig, PostgresShared, SharedStore, StoreError, conformance};
+
+const POSTGRES_URL: &str = "LEASEFENCE_TEST_POSTGRES_URL";
+
+/// The database URL. Unset: with `CI=true` the test fails; otherwise it
+/// prints a skip line and the caller returns.
+fn url() -> Option<String> {
+    match std::env::var(POSTGRES_URL) {
+        Ok(v) if !v.trim().is_empty() => Some(v),
+        _ => {
+            if std::env::var("CI").as_deref() == Ok("true") {
+                panic!("{POSTGRES_URL} is not set but CI=true: this test needs the real PostgreSQL");
+            }
+            eprintln!("skipped: {POSTGRES_URL} not set");
+            None
+        }
+    }
+}
+
+/// A schema no other test run uses, dropped (with the tables) on drop.
+struct TestSchema {
+    url: String,
+    name: String,
+}
+
+impl TestSchema {
+    fn new(url: &str) -> TestSchema {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let name = format!(
+            "lf_store_test_{}_{nanos}_{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::SeqCst)
+        );
+        TestSchema {
+            url: url.to_string(),
+            name,
+        }
+    }
+
+    fn config(&self, shard: u32) -> PostgresConfig {
+        self.config_at(&self.url, shard)
+    }
+
+    fn config_at(&self, url: &str, shard: u32) -> PostgresConfig {
+        PostgresConfig::new(url)
+            .and_then(|c| c.with_schema(&self.name))
+            .expect("valid config")
+            .with_shard(shard)
+    }
+
+    fn open(&self, shard: u32) -> PostgresShared {
+        PostgresShared::open(self.config(shard)).expect("open the store")
+    }
+
+    /// Runs `sql` (simple protocol) on a connection of its own.
+    fn sql(&self, sql: &str) -> Vec<tokio_postgres::SimpleQueryMessage> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let (client, connection) = tokio_postgres::connect(&self.url, tokio_postgres::NoTls)
+                .await
+                .expect("connect");
+            tokio::spawn(connection);
+            client.simple_query(sql).await.expect("query")
+        })
+    }
+
+    /// The first column of every row `sql` returns.
+    fn column(&self, sql: &str) -> Vec<String> {
+        self.sql(sql)
+            .into_iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+impl Drop for TestSchema {
+    fn drop(&mut self) {
+        self.sql(&format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.name));
+    }
+}
+
+fn grant(r: &str, t: u64) -> Mutation {
+    Mutation::Grant {
+        resource: ResourceId::new(r).expect("valid"),
+        token: Token::new(t).expect("non-zero"),
+        lease_id: LeaseId::from_bytes([1; 16]),
+        holder: Holder::new("t").expect("valid"),
+        ttl: Duration::from_secs(1),
+        lock_delay: Duration::ZERO,
+    }
+}
+
+fn tokens(w: &mut impl LeaseStore) -> Vec<(String, u64)> {
+    let mut all: Vec<_> = w
+        .load()
+        .expect("load")
+        .into_iter()
+        .map(|r| (r.resource.to_string(), r.last_token.get()))
+        .collect();
+    all.sort();
+    all
+}
+
+#[test]
+fn postgres_shared_passes_the_shared_suite() {
+    let Some(url) = url() else { return };
+    let schema = TestSchema::new(&url);
+    conformance::shared::run_all(|shard| schema.open(shard));
+}
+
+#[test]
+fn postgres_writer_passes_the_lease_store_suite() {
+    let Some(url) = url() else { return };
+    let schema = TestSchema::new(&url);
+    let store = schema.open(0);
+    let epoch = store
+        .campaign("http://a.example:7070", Duration::from_secs(60))
+        .expect("campaign")
+        .expect("a fresh schema's first campaign wins");
+    conformance::run_all(|| store.writer(epoch).expect("writer"));
+}
+
+#[test]
+fn rows_carry_the_shard_and_the_epoch_that_wrote_them() {
+    let Some(url) = url() else { return };
+    let schema = TestSchema::new(&url);
+    let (a, b) = (schema.open(3), schema.open(3));
+    let ttl = Duration::from_secs(60);
+    let first = a
+        .campaign("http://a.example:7070", ttl)
+        .expect("campaign")
+        .expect("wins");
+    a.writer(first)
+        .expect("writer")
+        .apply(&[grant("r/1", 1), grant("r/2", 1)])
+        .expect("apply");
+    a.resign(first).expect("resign");
+    let second = b
+        .campaign("http://b.example:7070", ttl)
+        .expect("campaign")
+        .expect("wins");
+    b.writer(second)
+        .expect("writer")
+        .apply(&[grant("r/2", 2)])
+        .expect("apply");
+    let q = |what: &str| {
+        schema.column(&format!(
+            "SELECT {what} FROM \"{}\".{}",
+            schema.name, "leasefence_records ORDER BY resource"
+        ))
+    };
+    assert_eq!(
+        q("shard::text || ' ' || resource || ' ' || epoch::text"),
+        [format!("3 r/1 {first}"), format!("3 r/2 {second}")]
+    );
+    let shards = schema.column(&format!(
+        "SELECT shard::text || ' ' || epoch::text || ' ' || leader FROM \"{}\".leasefence_shards",
+        schema.name
+    ));
+    assert_eq!(shards, [format!("3 {second} http://b.example:7070")]);
+}
+
+#[test]
+fn a_newer_installed_schema_is_refused() {
+    let Some(url) = url() else { return };
+    let schema = TestSchema::new(&url);
+    drop(schema.open(0));
+    let version = format!(
+        "SELECT version::text FROM \"{}\".leasefence_schema_version WHERE component = 'store'",
+        schema.name
+    );
+    assert_eq!(
+        schema.column(&version),
+        ["1"],
+        "the first connection installs version 1"
+    );
+    schema.sql(&format!(
+        "UPDATE \"{}\".leasefence_schema_version SET version = 2 WHERE component = 'store'",
+        schema.name
+    ));
+    let err = PostgresShared::open(schema.config(0)).expect_err("a newer schema is refused");
+    assert!(
+        matches!(&err, StoreError::Io(m) if m.contains("version 2") && m.contains("will not downgrade")),
+        "{err}"
+    );
+    assert_eq!(schema.column(&version), ["2"], "and left as it was");
+}
+
+#[test]
+fn concurrent_first_connections_install_once_and_all_succeed() {
+    let Some(url) = url() else { return };
+    let schema = TestSchema::new(&url);
+    std::thread::scope(|scope| {
+        let opens: Vec<_> = (0..4)
+            .map(|_| scope.spawn(|| PostgresShared::open(schema.config(0)).map(drop)))
+            .collect();
+        for o in opens {
+            o.join()
+                .expect("thread")
+                .expect("every concurrent first connection succeeds");
+        }
+    });
+    let components = schema.column(&format!(
+        "SELECT component FROM \"{}\".leasefence_schema_version",
+        schema.name
+    ));
+    assert_eq!(components, ["store"]);
+}
+
+#[test]
+fn bad_settings_are_refused_with_what_is_allowed() {
+    let bad_url = PostgresConfig::new("postgres://u:secret@host:notaport/db").expect_err("bad port");
+    assert!(
+        bad_url.to_string().contains("invalid PostgreSQL store URL"),
+        "{bad_url}"
+    );
+    assert!(
+        !bad_url.to_string().contains("secret"),
+        "no password in errors: {bad_url}"
+    );
+    let config = PostgresConfig::new("postgres://u@127.0.0.1/db").expect("valid");
+    let bad_schema = config.clone().with_schema("my-schema").expect_err("bad schema");
+    assert!(
+        bad_schema.to_string().contains("letters, digits and underscores"),
+        "{bad_schema}"
+    );
+    assert!(config.with_call_timeout(Duration::ZERO).is_err());
+}
+
+#[test]
+fn an_engine_nobody_listens_on_is_unavailable() {
+    // A port that was free a moment ago: nothing listens there.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let err = PostgresShared::connect(&format!("postgres://postgres@127.0.0.1:{port}/test"), 0).expect_err("refused");
+    assert!(matches!(err, StoreError::Unavailable(_)), "{err}");
+}
+
+/// `url` with its host and port replaced by `addr` (as key=value settings).
+fn through(url: &str, addr: SocketAddr) -> String {
+    let pg: tokio_postgres::Config = url.parse().expect("test URL");
+    let mut out = format!("host={} port={}", addr.ip(), addr.port());
+    if let Some(user) = pg.get_user() {
+        out.push_str(&format!(" user='{user}'"));
+    }
+    if let Some(db) = pg.get_dbname() {
+        out.push_str(&format!(" dbname='{db}'"));
+    }
+    if let Some(pw) = pg.get_password() {
+        out.push_str(&format!(" password='{}'", String::from_utf8_lossy(pw)));
+    }
+    out
+}
+
+fn upstream(url: &str) -> SocketAddr {
+    let pg: tokio_postgres::Config = url.parse().expect("test URL");
+    let host = match pg.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        _ => "127.0.0.1".to_string(),
+    };
+    let port = pg.get_ports().first().copied().unwrap_or(5432);
+    (host.as_str(), port)
+        .to_socket_addrs()
+        .expect("resolve")
+        .next()
+        .expect("an address")
+}
+
+#[test]
+fn an_engine_that_goes_away_is_unavailable_until_it_returns() {
+    let Some(url) = url() else { return };
+    let schema = TestSchema::new(&url);
+    let proxy = Proxy::start(upstream(&url));
+    let config = schema
+        .config_at(&through(&url, proxy.addr()), 0)
+        .with_call_timeout(Duration::from_secs(1))
+        .expect("valid");
+    let store = PostgresShared::open(config.clone()).expect("open through the proxy");
+    let epoch = store
+        .campaign("http://a.example:7070", Duration::from_secs(60))
+        .expect("campaign")
+        .expect("wins");
+    let mut w = store.writer(epoch).expect("writer");
+    w.apply(&[grant("u/1", 1)]).expect("apply");
+
+    proxy.cut();
+    let unavailable = |r: Result<(), StoreError>, what: &str| {
+        assert!(
+            matches!(r, Err(StoreError::Unavailable(_))),
+            "{what} with the engine gone: {r:?}"
+        );
+    };
+    unavailable(store.leader().map(drop), "leader");
+    unavailable(store.renew(epoch, Duration::from_secs(60)), "renew");
+    unavailable(w.apply(&[grant("u/1", 2)]), "apply");
+    unavailable(w.load().map(drop), "load");
+    unavailable(PostgresShared::open(config.clone()).map(drop), "open");
+
+    proxy.restore();
+    proxy.hold();
+    let began = Instant::now();
+    unavailable(store.leader().map(drop), "leader with the engine hanging");
+    unavailable(w.apply(&[grant("u/1", 2)]), "apply with the engine hanging");
+    assert!(
+        began.elapsed() < Duration::from_secs(20),
+        "calls are bounded by the call timeout"
+    );
+
+    proxy.restore();
+    let leader = store.leader().expect("the store reconnects by itself").map(|l| l.epoch);
+    assert_eq!(leader, Some(epoch));
+    w.apply(&[grant("u/1", 2)]).expect("the writer reconnects by itself");
+    assert_eq!(tokens(&mut w), [("u/1".to_string(), 2)]);
+}
+
+#[test]
+fn a_connection_the_server_ends_is_replaced_on_the_next_call() {
+    let Some(url) = url() else { return };
+    let schema = TestSchema::new(&url);
+    let app = format!("{}_app", schema.name);
+    let url_app = format!("{} application_name={app}", through(&url, upstream(&url)));
+    let store = PostgresShared::open(schema.config_at(&url_app, 0)).expect("open");
+    let epoch = store
+        .campaign("http://a.example:7070", Duration::from_secs(60))
+        .expect("campaign")
+        .expect("wins");
+    let mut w = store.writer(epoch).expect("writer");
+    w.apply(&[grant("k/1", 1)]).expect("apply");
+    let ended = schema.column(&format!(
+        "SELECT pg_terminate_backend(pid)::text FROM pg_stat_activity WHERE application_name = '{app}'"
+    ));
+    assert_eq!(ended, ["true", "true"], "the leadership's and the writer's connections");
+    assert_eq!(store.leader().expect("leader").map(|l| l.epoch), Some(epoch));
+    w.apply(&[grant("k/1", 2)]).expect("apply on a new connection");
+    assert_eq!(tokens(&mut w), [("k/1".to_string(), 2)]);
+}
+
+/// The server calls the store from `spawn_blocking`, the committer from its
+/// own thread; a store may be dropped inside async code.
+#[test]
+fn works_from_blocking_threads_and_the_committer_and_drops_in_async_code() {
+    let Some(url) = url() else { return };
+    let schema = TestSchema::new(&url);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(blocking_threads_committer_and_async_drop(schema.config(0)));
+}
+
+async fn blocking_threads_committer_and_async_drop(config: PostgresConfig) {
+    let (store, epoch) = tokio::task::spawn_blocking(move || {
+        let store = PostgresShared::open(config).expect("open");
+        let epoch = store
+            .campaign("http://a.example:7070", Duration::from_secs(60))
+            .expect("campaign");
+        (store, epoch.expect("wins"))
+    })
+    .await
+    .expect("blocking task");
+    let writer = store.writer(epoch).expect("writer (no I/O)");
+    let committer = Committer::start(writer, 64);
+    let seqs: Vec<_> = (1..=200u64)
+        .map(|i| committer.submit(grant(&format!("c/{}", i % 10), i)))
+        .collect();
+    for s in seqs {
+        committer.durable(s).await.expect("durable");
+    }
+    assert!(
+        committer.stats().batches < 200,
+        "grants share transactions: {:?}",
+        committer.stats()
+    );
+    drop(committer);
+    let store = std::sync::Arc::new(store);
+    let s = std::sync::Arc::clone(&store);
+    let loaded = tokio::task::spawn_blocking(move || tokens(&mut s.writer(epoch).expect("writer")))
+        .await
+        .expect("blocking task");
+    assert_eq!(loaded.len(), 10);
+    assert!(loaded.iter().any(|(r, t)| r == "c/0" && *t == 200));
+    drop(store); // in async code: must not panic
+}
