@@ -11,7 +11,10 @@
 //!
 //! For high availability, [`SharedStore`] ([`shared`]) is a store several
 //! coordinators share, one leading at a time under a strictly increasing epoch
-//! that fences every write; [`MemoryShared`] is its in-memory reference.
+//! that fences every write; [`MemoryShared`] is its in-memory reference, and
+//! `PostgresShared` (cargo feature `postgres`, module `postgres`) keeps the
+//! shard's leadership and records in PostgreSQL. [`conformance::shared`] is
+//! the suite every shared backend passes.
 
 mod codec;
 mod committer;
