@@ -12,7 +12,10 @@
 //! For high availability, [`SharedStore`] ([`shared`]) is a store several
 //! coordinators share, one leading at a time under a strictly increasing epoch
 //! that fences every write; [`MemoryShared`] is its in-memory reference, and
-//! `EtcdShared` (cargo feature `etcd`) keeps it in etcd.
+//! `PostgresShared` (cargo feature `postgres`, module `postgres`) keeps the
+//! shard's leadership and records in PostgreSQL, `EtcdShared` (cargo feature
+//! `etcd`) in etcd. [`conformance::shared`] is the suite every shared backend
+//! passes.
 
 mod codec;
 mod committer;

@@ -15,7 +15,8 @@
 //! - `leasefence_records (shard, resource, epoch, record)`: one row per
 //!   resource, `record` being the store's record codec (the bytes the
 //!   embedded store keeps, so every backend shares one format and one
-//!   checked decoder), `epoch` the term that wrote it last.
+//!   checked decoder), `epoch` the term that wrote it last. `resource` is
+//!   `text`: use a UTF-8 database, or names outside its encoding fail.
 //!
 //! Each batch of the [`PostgresWriter`] is one transaction that locks the
 //! shard row, checks the epoch and upserts the records, in two round trips.
@@ -197,6 +198,9 @@ impl SharedStore for PostgresShared {
 
     fn campaign(&self, advertise: &str, ttl: Duration) -> Result<Option<Epoch>, StoreError> {
         let (shard, ttl) = (self.shard(), ttl_to_sql(ttl)?);
+        // Retried once on a connection found dead (see `Conn::call`): if the
+        // first attempt won unseen, the retry finds that leadership live and
+        // returns `None`, and the shard waits one TTL for a leader. Safe.
         let won = self.call(async |live: &Live| {
             let row = live
                 .client

@@ -5,101 +5,12 @@
 
 mod common;
 
-use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use common::pg::{TestSchema, through, upstream, url};
 use common::proxy::Proxy;
 use leasefence_core::{Holder, LeaseId, Mutation, ResourceId, Token};
 use leasefence_store::{Committer, LeaseStore, PostgresConfig, PostgresShared, SharedStore, StoreError, conformance};
-
-const POSTGRES_URL: &str = "LEASEFENCE_TEST_POSTGRES_URL";
-
-/// The database URL. Unset: with `CI=true` the test fails; otherwise it
-/// prints a skip line and the caller returns.
-fn url() -> Option<String> {
-    match std::env::var(POSTGRES_URL) {
-        Ok(v) if !v.trim().is_empty() => Some(v),
-        _ => {
-            if std::env::var("CI").as_deref() == Ok("true") {
-                panic!("{POSTGRES_URL} is not set but CI=true: this test needs the real PostgreSQL");
-            }
-            eprintln!("skipped: {POSTGRES_URL} not set");
-            None
-        }
-    }
-}
-
-/// A schema no other test run uses, dropped (with the tables) on drop.
-struct TestSchema {
-    url: String,
-    name: String,
-}
-
-impl TestSchema {
-    fn new(url: &str) -> TestSchema {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let name = format!(
-            "lf_store_test_{}_{nanos}_{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::SeqCst)
-        );
-        TestSchema {
-            url: url.to_string(),
-            name,
-        }
-    }
-
-    fn config(&self, shard: u32) -> PostgresConfig {
-        self.config_at(&self.url, shard)
-    }
-
-    fn config_at(&self, url: &str, shard: u32) -> PostgresConfig {
-        PostgresConfig::new(url)
-            .and_then(|c| c.with_schema(&self.name))
-            .expect("valid config")
-            .with_shard(shard)
-    }
-
-    fn open(&self, shard: u32) -> PostgresShared {
-        PostgresShared::open(self.config(shard)).expect("open the store")
-    }
-
-    /// Runs `sql` (simple protocol) on a connection of its own.
-    fn sql(&self, sql: &str) -> Vec<tokio_postgres::SimpleQueryMessage> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async {
-            let (client, connection) = tokio_postgres::connect(&self.url, tokio_postgres::NoTls)
-                .await
-                .expect("connect");
-            tokio::spawn(connection);
-            client.simple_query(sql).await.expect("query")
-        })
-    }
-
-    /// The first column of every row `sql` returns.
-    fn column(&self, sql: &str) -> Vec<String> {
-        self.sql(sql)
-            .into_iter()
-            .filter_map(|m| match m {
-                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
-                _ => None,
-            })
-            .collect()
-    }
-}
-
-impl Drop for TestSchema {
-    fn drop(&mut self) {
-        self.sql(&format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.name));
-    }
-}
 
 fn grant(r: &str, t: u64) -> Mutation {
     Mutation::Grant {
@@ -258,36 +169,6 @@ fn an_engine_nobody_listens_on_is_unavailable() {
         .port();
     let err = PostgresShared::connect(&format!("postgres://postgres@127.0.0.1:{port}/test"), 0).expect_err("refused");
     assert!(matches!(err, StoreError::Unavailable(_)), "{err}");
-}
-
-/// `url` with its host and port replaced by `addr` (as key=value settings).
-fn through(url: &str, addr: SocketAddr) -> String {
-    let pg: tokio_postgres::Config = url.parse().expect("test URL");
-    let mut out = format!("host={} port={}", addr.ip(), addr.port());
-    if let Some(user) = pg.get_user() {
-        out.push_str(&format!(" user='{user}'"));
-    }
-    if let Some(db) = pg.get_dbname() {
-        out.push_str(&format!(" dbname='{db}'"));
-    }
-    if let Some(pw) = pg.get_password() {
-        out.push_str(&format!(" password='{}'", String::from_utf8_lossy(pw)));
-    }
-    out
-}
-
-fn upstream(url: &str) -> SocketAddr {
-    let pg: tokio_postgres::Config = url.parse().expect("test URL");
-    let host = match pg.get_hosts().first() {
-        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
-        _ => "127.0.0.1".to_string(),
-    };
-    let port = pg.get_ports().first().copied().unwrap_or(5432);
-    (host.as_str(), port)
-        .to_socket_addrs()
-        .expect("resolve")
-        .next()
-        .expect("an address")
 }
 
 #[test]

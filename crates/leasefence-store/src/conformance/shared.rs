@@ -301,11 +301,12 @@ pub fn takeover_load_sees_every_batch_the_old_epoch_committed<S: SharedStore>(op
             (next, loaded)
         });
         let last = acked.load(Ordering::SeqCst);
-        let tokens: Vec<(String, u64)> = loaded
+        let mut tokens: Vec<(String, u64)> = loaded
             .iter()
             .filter(|r| r.resource.as_str().starts_with(&format!("t/{round}/")))
             .map(|r| (r.resource.to_string(), r.last_token.get()))
             .collect();
+        tokens.sort(); // a load promises no order
         let expected: Vec<(String, u64)> = names.iter().map(|n| (n.clone(), last)).collect();
         assert_eq!(
             tokens, expected,
