@@ -53,6 +53,8 @@ pub trait SharedStore: Send + Sync + 'static {
 
     /// Extends the leadership of `epoch` to `ttl` from now (the engine's
     /// clock). [`StoreError::Deposed`] once `epoch` is no longer current.
+    /// `ttl` must be the TTL the campaign took: some engines (etcd) cannot
+    /// change a lease's TTL and extend it by the campaign's.
     fn renew(&self, epoch: Epoch, ttl: Duration) -> Result<(), StoreError>;
 
     /// The shard's live leader, if any (for the hints standbys give clients).

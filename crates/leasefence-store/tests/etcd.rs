@@ -279,3 +279,17 @@ fn an_unreachable_etcd_is_unavailable_within_the_timeout() {
         started.elapsed()
     );
 }
+
+#[test]
+fn etcd_passes_the_shared_store_suite() {
+    let Some(url) = service_env(ETCD_URL) else { return };
+    let prefix = unique_prefix("shared");
+    conformance::shared::run_all(|shard| {
+        let config = EtcdConfig::from_url(&url)
+            .expect("url")
+            .with_prefix(&prefix)
+            .expect("prefix")
+            .with_shard(shard);
+        EtcdShared::connect(config).expect("connect")
+    });
+}
