@@ -38,6 +38,8 @@ impl HaConfig {
     pub const DEFAULT_LEADER_TTL: Duration = Duration::from_secs(5);
     /// The shortest leader TTL: renewals run every third of it.
     pub const LEADER_TTL_MIN: Duration = Duration::from_millis(300);
+    /// The longest: a dead active coordinator blocks takeover this long.
+    pub const LEADER_TTL_MAX: Duration = Duration::from_secs(300);
 }
 
 /// Until when this coordinator may still answer as leader.

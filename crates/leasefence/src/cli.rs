@@ -104,6 +104,22 @@ pub struct ServeArgs {
     /// Longest lock-delay an acquire may ask for.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub lock_delay_max: Duration,
+    /// Keep the records in an engine several coordinators share, for high
+    /// availability: postgres://… or etcd://HOST:PORT[,HOST:PORT…]. Without
+    /// it, the embedded store under --data-dir.
+    #[arg(long, env = "LEASEFENCE_STORE")]
+    pub store: Option<String>,
+    /// Where in the shared store: the etcd key prefix, or the PostgreSQL
+    /// schema (default `/leasefence/` on etcd, `leasefence` on PostgreSQL).
+    #[arg(long, env = "LEASEFENCE_STORE_PREFIX")]
+    pub store_prefix: Option<String>,
+    /// On a shared store: how long a dead active coordinator blocks a takeover.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub leader_ttl: Duration,
+    /// On a shared store: the URL clients are sent to while this coordinator
+    /// is active (default: http:// + --listen).
+    #[arg(long, env = "LEASEFENCE_ADVERTISE")]
+    pub advertise: Option<String>,
 }
 
 #[derive(Args, Debug)]

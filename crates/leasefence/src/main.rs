@@ -18,6 +18,7 @@ mod elect_cmd;
 mod observe_cmd;
 mod run_cmd;
 mod serve;
+mod store_url;
 mod tty;
 mod watch_cmd;
 

@@ -1,26 +1,36 @@
-//! `leasefence serve`: the coordinator on its embedded store.
+//! `leasefence serve`: the coordinator, on its embedded store or, with
+//! `--store`, as one of several coordinators sharing PostgreSQL or etcd.
 
-use leasefence_server::{Server, ServerConfig, ServerError};
+use std::net::SocketAddr;
+
+use leasefence_server::{HaConfig, Server, ServerConfig, ServerError};
 
 use crate::cli::ServeArgs;
+use crate::store_url::StoreUrl;
 use crate::{CmdResult, Failure};
 
 pub async fn run(a: ServeArgs) -> CmdResult {
     let lease = leasefence_core::Config::new(a.ttl_min, a.ttl_max, a.waiters_max)
         .map_err(Failure::invalid)?
         .with_lock_delay_max(a.lock_delay_max);
-    let mut config = ServerConfig::new(a.listen, a.data_dir);
+    let mut config = ServerConfig::new(a.listen, a.data_dir.clone());
     config.lease = lease;
     config.wait_max = a.wait_max;
     config.metrics = leasefence_server::metrics::install_prometheus();
-    let data_dir = config.data_dir.clone();
-    let server = Server::bind(config).await?;
+    let (server, at) = match &a.store {
+        None => {
+            let at = format!("data dir {}", config.data_dir.display());
+            (Server::bind(config).await?, at)
+        }
+        Some(url) => {
+            let store = StoreUrl::parse(url).map_err(Failure::invalid)?;
+            let ha = ha_config(&a)?;
+            let at = format!("store {store}, advertised as {}", ha.advertise);
+            (bind_shared(config, &store, a.store_prefix.as_deref(), ha).await?, at)
+        }
+    };
     // One line on stdout, so scripts (and tests) learn the bound port when --listen used port 0.
-    println!(
-        "leasefence listening on {} (data dir {})",
-        server.local_addr()?,
-        data_dir.display()
-    );
+    println!("leasefence listening on {} ({at})", server.local_addr()?);
     match server.run(shutdown_signal()).await {
         Ok(()) => {
             tracing::info!("stopped");
@@ -29,6 +39,92 @@ pub async fn run(a: ServeArgs) -> CmdResult {
         Err(e @ ServerError::Fatal(_)) => Err(Failure::new(Failure::FATAL, e)),
         Err(e) => Err(e.into()),
     }
+}
+
+/// `--leader-ttl` and `--advertise`, checked.
+fn ha_config(a: &ServeArgs) -> Result<HaConfig, Failure> {
+    if a.leader_ttl < HaConfig::LEADER_TTL_MIN || a.leader_ttl > HaConfig::LEADER_TTL_MAX {
+        return Err(Failure::invalid(format!(
+            "--leader-ttl {} is out of range; allowed: {}..={} (default 5s)",
+            humantime::format_duration(a.leader_ttl),
+            humantime::format_duration(HaConfig::LEADER_TTL_MIN),
+            humantime::format_duration(HaConfig::LEADER_TTL_MAX),
+        )));
+    }
+    let advertise = match &a.advertise {
+        Some(url) if url.starts_with("http://") || url.starts_with("https://") => url.trim_end_matches('/').to_string(),
+        Some(url) => {
+            return Err(Failure::invalid(format!(
+                "--advertise {url:?} must be an http:// or https:// URL clients can reach"
+            )));
+        }
+        None => default_advertise(a.listen)?,
+    };
+    Ok(HaConfig {
+        leader_ttl: a.leader_ttl,
+        advertise,
+    })
+}
+
+/// `http://` + `--listen`, when that names one reachable address and port.
+fn default_advertise(listen: SocketAddr) -> Result<String, Failure> {
+    if listen.ip().is_unspecified() || listen.port() == 0 {
+        return Err(Failure::invalid(format!(
+            "--listen {listen} does not say where clients reach this coordinator; give --advertise URL \
+             (the URL a standby sends clients to while this one is active)"
+        )));
+    }
+    Ok(format!("http://{listen}"))
+}
+
+/// Opens the shared store (which may install its tables or keys) and binds.
+async fn bind_shared(
+    config: ServerConfig,
+    store: &StoreUrl,
+    prefix: Option<&str>,
+    ha: HaConfig,
+) -> Result<Server, Failure> {
+    let prefix = prefix.map(str::to_string);
+    match store {
+        StoreUrl::Postgres(url) => {
+            let url = url.clone();
+            let opened = tokio::task::spawn_blocking(move || {
+                let mut c = leasefence_store::PostgresConfig::new(&url)?;
+                if let Some(schema) = &prefix {
+                    c = c.with_schema(schema)?;
+                }
+                leasefence_store::PostgresShared::open(c)
+            })
+            .await
+            .map_err(|e| Failure::new(Failure::INTERNAL, e))?;
+            let shared = opened.map_err(|e| Failure::new(Failure::INTERNAL, anyhow::anyhow!("--store: {e}")))?;
+            Ok(Server::bind_shared(config, shared, ha).await?)
+        }
+        StoreUrl::Etcd(url) => bind_etcd(config, url, prefix, ha).await,
+    }
+}
+
+#[cfg(feature = "etcd")]
+async fn bind_etcd(config: ServerConfig, url: &str, prefix: Option<String>, ha: HaConfig) -> Result<Server, Failure> {
+    let mut c = leasefence_store::EtcdConfig::from_url(url).map_err(|e| Failure::invalid(format!("--store: {e}")))?;
+    if let Some(p) = &prefix {
+        c = c
+            .with_prefix(p)
+            .map_err(|e| Failure::invalid(format!("--store-prefix: {e}")))?;
+    }
+    let opened = tokio::task::spawn_blocking(move || leasefence_store::EtcdShared::connect(c))
+        .await
+        .map_err(|e| Failure::new(Failure::INTERNAL, e))?;
+    let shared = opened.map_err(|e| Failure::new(Failure::INTERNAL, anyhow::anyhow!("--store: {e}")))?;
+    Ok(Server::bind_shared(config, shared, ha).await?)
+}
+
+#[cfg(not(feature = "etcd"))]
+async fn bind_etcd(_: ServerConfig, _: &str, _: Option<String>, _: HaConfig) -> Result<Server, Failure> {
+    Err(Failure::invalid(
+        "--store etcd://…: this leasefence was built without etcd; build it with `--features etcd` \
+         (it needs protoc), or use postgres://…",
+    ))
 }
 
 /// Completes on SIGINT or SIGTERM.

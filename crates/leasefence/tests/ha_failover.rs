@@ -1,0 +1,119 @@
+//! High availability with real processes: three `serve` on one shared store
+//! (PostgreSQL; etcd with the `etcd` feature), clients spread over all of
+//! them, the active one SIGKILLed — or SIGSTOPped past its leader TTL and
+//! resumed with grants in flight — again and again. From the recorded
+//! history of what clients were answered: per resource, tokens are unique and
+//! follow real time, no two answered leases overlap, and a standby takes over
+//! within leader-ttl + 2 s. A stopped leader that wakes up answers errors.
+
+mod common;
+
+use std::time::Duration;
+
+use common::ha::{Cluster, Load, check};
+
+const LEADER_TTL: Duration = Duration::from_millis(1000);
+const CYCLES: usize = 20;
+
+/// The shared stores to test on: (name, `--store` URL).
+fn stores() -> Vec<(&'static str, String)> {
+    let ci = std::env::var("CI").as_deref() == Ok("true");
+    let mut out = Vec::new();
+    match std::env::var("LEASEFENCE_TEST_POSTGRES_URL") {
+        Ok(url) => out.push(("postgres", url)),
+        Err(_) if ci => panic!("LEASEFENCE_TEST_POSTGRES_URL is required under CI"),
+        Err(_) => eprintln!("skipped PostgreSQL: LEASEFENCE_TEST_POSTGRES_URL is not set"),
+    }
+    if cfg!(feature = "etcd") {
+        match std::env::var("LEASEFENCE_TEST_ETCD_URL") {
+            Ok(url) => out.push(("etcd", url)),
+            Err(_) if ci => panic!("LEASEFENCE_TEST_ETCD_URL is required under CI"),
+            Err(_) => eprintln!("skipped etcd: LEASEFENCE_TEST_ETCD_URL is not set"),
+        }
+    }
+    out
+}
+
+/// A prefix no other run uses (a PostgreSQL schema name or an etcd key prefix).
+fn prefix(backend: &str, test: &str) -> String {
+    let n: u64 = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    match backend {
+        "etcd" => format!("/lftest-{test}-{n:x}/"),
+        _ => format!("lftest_{test}_{n:x}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killing_the_active_coordinator_loses_no_grant_and_reuses_no_token() {
+    for (backend, url) in stores() {
+        let mut cluster = Cluster::start(&url, &prefix(backend, "kill"), 3, LEADER_TTL);
+        let (mut active, _) = cluster.await_active(None, Duration::from_secs(10)).await;
+        let load = Load::start(cluster.urls(), 6, 32);
+        let mut slowest = Duration::ZERO;
+        for _ in 0..CYCLES {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            cluster.kill(active);
+            let (next, took) = cluster
+                .await_active(Some(active), LEADER_TTL + Duration::from_secs(5))
+                .await;
+            assert!(
+                took <= LEADER_TTL + Duration::from_secs(2),
+                "{backend}: the takeover took {took:?}"
+            );
+            slowest = slowest.max(took);
+            cluster.spawn(active);
+            active = next;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let history = load.finish().await;
+        eprintln!(
+            "{backend}: {CYCLES} kills, {} grants answered, slowest takeover {slowest:?}",
+            history.len()
+        );
+        assert!(
+            history.len() > CYCLES * 5,
+            "{backend}: too little load to judge: {}",
+            history.len()
+        );
+        check(&history);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paused_leader_cannot_grant_after_a_takeover() {
+    for (backend, url) in stores() {
+        let cluster = Cluster::start(&url, &prefix(backend, "pause"), 2, LEADER_TTL);
+        let (mut active, _) = cluster.await_active(None, Duration::from_secs(10)).await;
+        let load = Load::start(cluster.urls(), 6, 32);
+        for cycle in 0..CYCLES {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            cluster.signal(active, libc::SIGSTOP);
+            let (next, took) = cluster
+                .await_active(Some(active), LEADER_TTL + Duration::from_secs(5))
+                .await;
+            assert!(
+                took <= LEADER_TTL + Duration::from_secs(2),
+                "{backend}: the takeover took {took:?}"
+            );
+            let fresh = format!("fresh/{cycle}");
+            let (code, body) = common::ha::acquire(&cluster.url(next), &fresh).await;
+            assert_eq!(code, 200, "{backend}: the new leader grants: {body}");
+            // Wake the old leader with its in-flight requests; it must step down.
+            cluster.signal(active, libc::SIGCONT);
+            let start = std::time::Instant::now();
+            while cluster.is_active(active).await {
+                assert!(
+                    start.elapsed() < Duration::from_secs(5),
+                    "{backend}: the woken leader did not step down"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            active = next;
+        }
+        let history = load.finish().await;
+        eprintln!("{backend}: {CYCLES} pauses, {} grants answered", history.len());
+        check(&history);
+    }
+}
