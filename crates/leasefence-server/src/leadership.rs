@@ -166,14 +166,14 @@ async fn lead<S: SharedStore>(
     node.set(Role::Standby { leader: None });
     engine.stop_with(&ApiError::NotLeader { leader: None });
     metrics_term(epoch, false);
-    match why {
-        Lost::Stopped => {
-            let s = shared.clone();
-            if let Err(e) = blocking(move || s.resign(epoch)).await {
-                tracing::warn!(error = %e, epoch, "could not resign; a standby takes over when the leadership lapses");
-            }
-        }
-        Lost::Store(e) => tracing::warn!(error = %e, epoch, "stepped down"),
+    if let Lost::Store(e) = &why {
+        tracing::warn!(error = %e, epoch, "stepped down");
+    }
+    // Resign either way (it does nothing once deposed): after a failed commit
+    // the next campaign, ours or a standby's, need not wait out the TTL.
+    let s = shared.clone();
+    if let Err(e) = blocking(move || s.resign(epoch)).await {
+        tracing::warn!(error = %e, epoch, "could not resign; a standby takes over when the leadership lapses");
     }
 }
 
