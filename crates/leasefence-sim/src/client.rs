@@ -6,10 +6,16 @@
 //! wrong: a pause right after it (a GC stall), a slow clock, a backwards step,
 //! or an effect held up in the network. The effect is sent anyway, and only
 //! fencing at the arbiter keeps it from doing harm.
+//!
+//! With several coordinators (leadership runs) the client sends to the one it
+//! believes leads, follows a standby's leader hint, and tries the next one when
+//! a request times out. There it may also hold a lease for a while, renewing
+//! it every third of a TTL, so that leases live across takeovers.
 
 use leasefence_core::{LeaseId, ResourceId, Token};
 
 use crate::event::{Ctx, Event};
+use crate::history::SentRelease;
 use crate::net::{Message, Node};
 
 /// A client's clock: `now * rate / 1000 + offset`, in local milliseconds.
@@ -54,6 +60,10 @@ enum Phase {
     Paused {
         lease: Lease,
     },
+    /// Holding the lease between renewals (leadership runs only).
+    Holding {
+        lease: Lease,
+    },
     Effecting {
         lease: Lease,
     },
@@ -69,12 +79,30 @@ pub struct ClientStats {
     pub timeouts: u64,
 }
 
+/// How a client behaves beyond its clock (see [`ClientNode::new`]).
+#[derive(Clone, Debug)]
+pub struct ClientSetup {
+    pub ttl_ms: u64,
+    pub resources: Vec<ResourceId>,
+    pub pause_per_mille: u32,
+    /// The coordinators it knows, in the order it tries them.
+    pub coordinators: Vec<Node>,
+    /// Half the grants are held for up to this many renewals, a third of a
+    /// TTL apart (0: never; at most the one renewal right after the grant).
+    pub hold_renewals_max: u32,
+}
+
 #[derive(Debug)]
 pub struct ClientNode {
     id: usize,
     ttl_ms: u64,
     resources: Vec<ResourceId>,
     pause_per_mille: u32,
+    coordinators: Vec<Node>,
+    /// Index into `coordinators` of the one requests go to.
+    target: usize,
+    hold_renewals_max: u32,
+    renewals_left: u32,
     pub clock: Clock,
     generation: u64,
     req: u64,
@@ -83,18 +111,31 @@ pub struct ClientNode {
 }
 
 impl ClientNode {
-    pub fn new(id: usize, ttl_ms: u64, resources: Vec<ResourceId>, pause_per_mille: u32, clock: Clock) -> ClientNode {
+    pub fn new(id: usize, setup: ClientSetup, clock: Clock) -> ClientNode {
         ClientNode {
             id,
-            ttl_ms,
-            resources,
-            pause_per_mille,
+            ttl_ms: setup.ttl_ms,
+            resources: setup.resources,
+            pause_per_mille: setup.pause_per_mille,
+            coordinators: setup.coordinators,
+            target: 0,
+            hold_renewals_max: setup.hold_renewals_max,
+            renewals_left: 0,
             clock,
             generation: 0,
             req: 0,
             phase: Phase::Idle,
             stats: ClientStats::default(),
         }
+    }
+
+    fn coordinator(&self) -> Node {
+        self.coordinators.get(self.target).copied().unwrap_or(Node::Coordinator)
+    }
+
+    /// No answer: the coordinator may be down or deposed; try the next one.
+    fn try_next(&mut self) {
+        self.target = (self.target + 1) % self.coordinators.len().max(1);
     }
 
     pub fn start(&mut self, ctx: &mut Ctx<'_>) {
@@ -108,10 +149,13 @@ impl ClientNode {
         match std::mem::replace(&mut self.phase, Phase::Idle) {
             Phase::Idle => self.acquire(ctx),
             Phase::Paused { lease } => self.send_effect(ctx, lease),
-            // A renewal that timed out leaves the lease as it was: judge it by the clock.
+            Phase::Holding { lease } => self.renew(ctx, lease),
+            // A renewal that timed out leaves the lease as it was: judge it by
+            // the clock (with several coordinators: keep renewing elsewhere).
             Phase::Renewing { lease, .. } => {
                 self.stats.timeouts += 1;
-                self.begin_effect(ctx, lease);
+                self.try_next();
+                self.renew_elsewhere_or_act(ctx, lease);
             }
             Phase::Effecting { lease } => {
                 self.stats.timeouts += 1;
@@ -119,6 +163,7 @@ impl ClientNode {
             }
             Phase::Acquiring { .. } | Phase::Releasing => {
                 self.stats.timeouts += 1;
+                self.try_next();
                 self.idle(ctx);
             }
         }
@@ -127,6 +172,10 @@ impl ClientNode {
     pub fn on_message(&mut self, ctx: &mut Ctx<'_>, msg: Message) {
         // Late, duplicated or orphaned replies answer a request we gave up on.
         if msg.req() != self.req {
+            return;
+        }
+        if let Message::NotLeader { leader, .. } = msg {
+            self.follow_hint(ctx, leader);
             return;
         }
         let phase = std::mem::replace(&mut self.phase, Phase::Idle);
@@ -140,6 +189,9 @@ impl ClientNode {
                 Message::Granted { token, .. },
             ) => {
                 self.stats.grants += 1;
+                // Short-circuit: single-coordinator runs draw nothing more here.
+                let holds = self.hold_renewals_max > 0 && ctx.rng.chance(500);
+                self.renewals_left = if holds { self.hold_renewals_max } else { 0 };
                 // The TTL started when the coordinator got the request, after we sent it.
                 let valid_until_local = sent_local + self.ttl_i64();
                 let lease = Lease {
@@ -148,7 +200,9 @@ impl ClientNode {
                     token,
                     valid_until_local,
                 };
-                if ctx.rng.chance(300) {
+                if holds {
+                    self.hold(ctx, lease);
+                } else if ctx.rng.chance(300) {
                     self.renew(ctx, lease);
                 } else {
                     self.begin_effect(ctx, lease);
@@ -156,7 +210,12 @@ impl ClientNode {
             }
             (Phase::Renewing { mut lease, sent_local }, Message::Renewed { .. }) => {
                 lease.valid_until_local = sent_local + self.ttl_i64();
-                self.begin_effect(ctx, lease);
+                // Short-circuit: single-coordinator runs draw nothing more here.
+                if self.renewals_left > 0 && ctx.rng.chance(900) {
+                    self.hold(ctx, lease);
+                } else {
+                    self.begin_effect(ctx, lease);
+                }
             }
             (Phase::Effecting { lease }, Message::Admitted { .. }) => {
                 self.stats.admitted += 1;
@@ -166,9 +225,43 @@ impl ClientNode {
                 self.stats.stale += 1;
                 self.release(ctx, lease);
             }
-            (phase @ (Phase::Paused { .. } | Phase::Effecting { .. }), _) => self.phase = phase,
+            (phase @ (Phase::Paused { .. } | Phase::Effecting { .. } | Phase::Holding { .. }), _) => self.phase = phase,
             // Refused acquire or renewal, or a release answered: start over.
             _ => self.idle(ctx),
+        }
+    }
+
+    /// A standby answered: go where it says the leader is (or try the next
+    /// one), then carry on as after a refusal, except that a lease whose
+    /// renewal was turned away is still judged by the clock.
+    fn follow_hint(&mut self, ctx: &mut Ctx<'_>, leader: Option<usize>) {
+        match leader.and_then(|l| self.coordinators.iter().position(|c| *c == Node::Peer(l))) {
+            Some(i) => self.target = i,
+            None => self.try_next(),
+        }
+        match std::mem::replace(&mut self.phase, Phase::Idle) {
+            Phase::Renewing { lease, .. } => self.renew_elsewhere_or_act(ctx, lease),
+            phase @ (Phase::Paused { .. } | Phase::Effecting { .. } | Phase::Holding { .. }) => self.phase = phase,
+            _ => self.idle(ctx),
+        }
+    }
+
+    /// Keeps the lease a while longer: the next renewal in a third of a TTL.
+    fn hold(&mut self, ctx: &mut Ctx<'_>, lease: Lease) {
+        self.renewals_left = self.renewals_left.saturating_sub(1);
+        self.phase = Phase::Holding { lease };
+        self.local_timer(ctx, self.ttl_ms / 3);
+    }
+
+    /// A keep-alive survives a takeover: while the lease is still valid by
+    /// the client's clock, a renewal that got no answer is sent to the next
+    /// coordinator. With one coordinator, the client acts on the lease as it is.
+    fn renew_elsewhere_or_act(&mut self, ctx: &mut Ctx<'_>, lease: Lease) {
+        let margin = self.ttl_i64() / 10;
+        if self.coordinators.len() > 1 && self.clock.read(ctx.now) + margin < lease.valid_until_local {
+            self.renew(ctx, lease);
+        } else {
+            self.begin_effect(ctx, lease);
         }
     }
 
@@ -190,8 +283,9 @@ impl ClientNode {
             resource: resource.clone(),
             lease_id,
             wait_ms,
+            sent_ms: ctx.now,
         };
-        ctx.send(Node::Client(self.id), Node::Coordinator, msg);
+        ctx.send(Node::Client(self.id), self.coordinator(), msg);
         let sent_local = self.clock.read(ctx.now);
         self.phase = Phase::Acquiring {
             resource,
@@ -209,8 +303,9 @@ impl ClientNode {
             req,
             resource: lease.resource.clone(),
             lease_id: lease.lease_id,
+            sent_ms: ctx.now,
         };
-        ctx.send(Node::Client(self.id), Node::Coordinator, msg);
+        ctx.send(Node::Client(self.id), self.coordinator(), msg);
         let sent_local = self.clock.read(ctx.now);
         self.phase = Phase::Renewing { lease, sent_local };
         self.local_timer(ctx, self.ttl_ms / 2);
@@ -258,12 +353,19 @@ impl ClientNode {
 
     fn release(&mut self, ctx: &mut Ctx<'_>, lease: Lease) {
         let req = self.next_req();
+        ctx.history.releases.push(SentRelease {
+            at_ms: ctx.now,
+            resource: lease.resource.clone(),
+            lease_id: lease.lease_id,
+            token: lease.token,
+            client: self.id,
+        });
         let msg = Message::Release {
             req,
             resource: lease.resource,
             lease_id: lease.lease_id,
         };
-        ctx.send(Node::Client(self.id), Node::Coordinator, msg);
+        ctx.send(Node::Client(self.id), self.coordinator(), msg);
         self.phase = Phase::Releasing;
         self.local_timer(ctx, self.ttl_ms / 2);
     }

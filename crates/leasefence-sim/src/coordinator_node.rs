@@ -10,16 +10,18 @@
 
 use std::time::Duration;
 
-use leasefence_core::{AcquireOutcome, AcquireRequest, Config, Coordinator, Holder, MonoTime, ResourceId, WaiterId};
+use std::collections::BTreeMap;
+
+use leasefence_core::{Config, Coordinator, Holder, MonoTime, Mutation, ResourceId, StoredResource, Token, WaiterId};
 use leasefence_store::{LeaseStore, MemoryStore};
 
 use crate::config::{Fault, Options};
 use crate::event::{Ctx, Event};
-use crate::history::AnsweredGrant;
+use crate::history::{EndedLease, Load, LoadedRecord};
 use crate::net::{Message, Node};
 
-mod live;
-use live::Live;
+pub(crate) mod live;
+use live::{Handled, Live};
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CoordinatorStats {
@@ -63,80 +65,32 @@ impl CoordinatorNode {
     }
 
     pub fn on_message(&mut self, ctx: &mut Ctx<'_>, client: usize, msg: Message) {
-        let now = MonoTime::from_millis(ctx.now);
-        let ttl = self.ttl;
         let Some(holder) = self.holders.get(client).cloned() else {
             return;
         };
         // A message to a crashed coordinator is lost, like one to a dead process.
         let Some(live) = self.live.as_mut() else { return };
-        match msg {
-            Message::Acquire {
-                req,
-                resource,
-                lease_id,
-                wait_ms,
-            } => {
-                let wait = wait_ms > 0;
-                let request = AcquireRequest {
-                    resource: resource.clone(),
-                    holder,
-                    ttl,
-                    lease_id,
-                    wait,
-                    // The simulation checks fencing, which lock-delays do not change.
-                    lock_delay: Duration::ZERO,
-                };
-                let outcome = live.machine.acquire(now, request);
-                live.absorb_effects();
-                match outcome {
-                    Ok(AcquireOutcome::Granted(g)) => live.hold_reply(
-                        client,
-                        Message::Granted { req, token: g.token },
-                        Some((g.resource, g.token)),
-                    ),
-                    Ok(AcquireOutcome::Queued(waiter)) => {
-                        live.waiters.insert(waiter, (client, req));
-                        let incarnation = self.incarnation;
-                        ctx.timer(
-                            ctx.now + wait_ms,
-                            Event::WaitExpired {
-                                incarnation,
-                                resource,
-                                waiter,
-                            },
-                        );
-                    }
-                    Err(_) => live.hold_reply(client, Message::Refused { req }, None),
-                }
-            }
-            Message::Renew {
-                req,
-                resource,
-                lease_id,
-            } => {
-                let reply = match live.machine.renew(now, &resource, &lease_id) {
-                    Ok(_) => Message::Renewed { req },
-                    Err(_) => Message::Refused { req },
-                };
-                live.absorb_effects();
+        match live.handle(ctx.now, holder, self.ttl, client, msg) {
+            Handled::Done => {}
+            Handled::Now(reply, answer) => {
+                answer.record(ctx, client, self.incarnation);
                 ctx.send(Node::Coordinator, Node::Client(client), reply);
             }
-            Message::Release {
-                req,
+            Handled::Queued {
                 resource,
-                lease_id,
+                waiter,
+                wait_ms,
             } => {
-                let released = live.machine.release(now, &resource, &lease_id).is_ok();
-                live.absorb_effects();
-                let reply = if released {
-                    Message::Released { req }
-                } else {
-                    Message::Refused { req }
-                };
-                live.hold_reply(client, reply, None);
+                let incarnation = self.incarnation;
+                ctx.timer(
+                    ctx.now + wait_ms,
+                    Event::WaitExpired {
+                        incarnation,
+                        resource,
+                        waiter,
+                    },
+                );
             }
-            _ => {}
         }
         self.after_change(ctx);
     }
@@ -156,13 +110,7 @@ impl CoordinatorNode {
         let Some(live) = self.live.as_mut().filter(|_| incarnation == self.incarnation) else {
             return;
         };
-        live.machine.advance(MonoTime::from_millis(ctx.now));
-        live.absorb_effects();
-        if live.machine.cancel_waiter(resource, waiter) {
-            if let Some((client, req)) = live.waiters.remove(&waiter) {
-                live.hold_reply(client, Message::Refused { req }, None);
-            }
-        }
+        live.wait_expired(ctx.now, resource, waiter);
         self.after_change(ctx);
     }
 
@@ -177,8 +125,10 @@ impl CoordinatorNode {
                 batch.push(m);
             }
         }
-        if let Err(e) = self.durable.apply(&batch) {
-            ctx.history.store_refusals.push(e.to_string());
+        let before = self.durable.load().unwrap_or_default();
+        match self.durable.apply(&batch) {
+            Ok(()) => record_ended(ctx, &before, &batch),
+            Err(e) => ctx.history.store_refusals.push(e.to_string()),
         }
         self.stats.fsyncs += 1;
         live.durable_seq = upto;
@@ -212,6 +162,7 @@ impl CoordinatorNode {
                 Vec::new()
             }
         };
+        ctx.history.loads.push(loaded(ctx.now, self.incarnation, &records));
         let machine = Coordinator::recover(self.config.clone(), MonoTime::from_millis(ctx.now), records);
         self.live = Some(Live::new(machine));
         self.after_change(ctx);
@@ -227,16 +178,7 @@ impl CoordinatorNode {
                 break;
             }
             let Some(r) = live.replies.pop_front() else { break };
-            if let Some((resource, token)) = r.grant {
-                let (at_ms, client) = (ctx.now, r.client);
-                ctx.history.grants.push(AnsweredGrant {
-                    at_ms,
-                    resource,
-                    token,
-                    client,
-                    incarnation,
-                });
-            }
+            r.answer.record(ctx, r.client, incarnation);
             ctx.send(Node::Coordinator, Node::Client(r.client), r.msg);
         }
         if !live.fsync_in_flight && !live.pending.is_empty() {
@@ -263,6 +205,48 @@ impl CoordinatorNode {
             if live.tick_at.is_none_or(|t| at < t) {
                 live.tick_at = Some(at);
                 ctx.timer(at, Event::CoordinatorTick { incarnation });
+            }
+        }
+    }
+}
+
+/// The history's record of what a (re)start or takeover loaded.
+pub(crate) fn loaded(at_ms: u64, incarnation: u64, records: &[StoredResource]) -> Load {
+    let records = records
+        .iter()
+        .map(|r| LoadedRecord {
+            resource: r.resource.clone(),
+            last_token: r.last_token,
+            held: r.lease.is_some(),
+        })
+        .collect();
+    Load {
+        at_ms,
+        incarnation,
+        records,
+    }
+}
+
+/// Records every lease an applied `batch` ended in a store that held `before`.
+pub(crate) fn record_ended(ctx: &mut Ctx<'_>, before: &[StoredResource], batch: &[Mutation]) {
+    let mut held: BTreeMap<&ResourceId, Option<Token>> = before
+        .iter()
+        .map(|r| (&r.resource, r.lease.as_ref().map(|_| r.last_token)))
+        .collect();
+    for m in batch {
+        match m {
+            Mutation::Grant { resource, token, .. } => {
+                held.insert(resource, Some(*token));
+            }
+            Mutation::Release { resource, token, .. } => {
+                if held.get(resource).copied().flatten() == Some(*token) {
+                    held.insert(resource, None);
+                    ctx.history.ended.push(EndedLease {
+                        at_ms: ctx.now,
+                        resource: resource.clone(),
+                        token: *token,
+                    });
+                }
             }
         }
     }

@@ -38,6 +38,12 @@ pub enum Event {
         waiter: leasefence_core::WaiterId,
     },
     CoordinatorRestart,
+    /// A timer of leadership-run peer `peer`, set during its life `life`.
+    Peer {
+        peer: usize,
+        life: u64,
+        event: crate::ha::PeerEvent,
+    },
     /// Scheduled faults and the end of the fault phase.
     Fault(crate::config::Fault),
     Heal,
@@ -67,5 +73,10 @@ impl Ctx<'_> {
 
     pub fn timer(&mut self, at_ms: u64, event: Event) {
         self.out.push(Out::Timer { at_ms, event });
+    }
+
+    /// A line for a replay's trace (takeovers, step-downs); no check reads it.
+    pub fn note(&mut self, line: String) {
+        self.history.notes.push((self.now, line));
     }
 }

@@ -1,14 +1,18 @@
 //! The history of a run and the checker that judges it.
 //!
-//! The history holds only facts observed at the two places that matter: every
-//! grant the coordinator *answered* (sent after it was durable) and every effect
-//! the arbiter *admitted*. The checker re-derives the invariants from those facts
-//! alone, without trusting the arbiter's or the coordinator's own state.
+//! The history holds only facts observed at the places that matter: every
+//! grant and renewal a coordinator *answered* (sent after it was durable), every
+//! release a client sent, every effect the arbiter *admitted*, and what each
+//! coordinator loaded from the store when it (re)started or took over. The
+//! checker re-derives the invariants from those facts alone, without trusting
+//! the arbiter's or the coordinators' own state.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use leasefence_core::{ResourceId, Token};
+use leasefence_core::{LeaseId, ResourceId, Token};
+
+mod leases;
 
 /// A grant as answered by the coordinator.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -17,8 +21,67 @@ pub struct AnsweredGrant {
     pub resource: ResourceId,
     pub token: Token,
     pub client: usize,
-    /// How many times the coordinator had restarted when it answered.
+    /// The lease id the client chose; its release names it.
+    pub lease_id: LeaseId,
+    /// How many times the coordinator had restarted when it answered; with
+    /// leadership, the epoch of the term that answered (a takeover is a restart).
     pub incarnation: u64,
+    /// The end of the lease by the client-side view: the (true) time the
+    /// client sent its acquire, plus the TTL.
+    pub valid_until_ms: u64,
+}
+
+/// A renewal as answered by a coordinator.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AnsweredRenewal {
+    pub at_ms: u64,
+    pub resource: ResourceId,
+    pub token: Token,
+    pub client: usize,
+    pub incarnation: u64,
+    /// The time the client sent the renewal, plus the TTL.
+    pub valid_until_ms: u64,
+}
+
+/// A release as a client sent it: from then on the client no longer counts
+/// itself the holder of anything granted under `lease_id`, whatever becomes of
+/// the message (a duplicated acquire can be granted again under the same id
+/// after the client let go; the client never uses that grant).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SentRelease {
+    pub at_ms: u64,
+    pub resource: ResourceId,
+    pub lease_id: LeaseId,
+    /// The token the client held under it (for the trace).
+    pub token: Token,
+    pub client: usize,
+}
+
+/// What a coordinator loaded from the store to rebuild its machine (after a
+/// crash, or on taking over the leadership), as the store served it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Load {
+    pub at_ms: u64,
+    /// The incarnation (or epoch) the load starts.
+    pub incarnation: u64,
+    pub records: Vec<LoadedRecord>,
+}
+
+/// A lease the durable store recorded as ended (released or expired) by an
+/// applied batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndedLease {
+    pub at_ms: u64,
+    pub resource: ResourceId,
+    pub token: Token,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadedRecord {
+    pub resource: ResourceId,
+    pub last_token: Token,
+    /// A lease is recorded as held (under `last_token`).
+    pub held: bool,
 }
 
 /// An effect as admitted by the arbiter.
@@ -34,9 +97,15 @@ pub struct AdmittedEffect {
 #[derive(Clone, Debug, Default)]
 pub struct History {
     pub grants: Vec<AnsweredGrant>,
+    pub renewals: Vec<AnsweredRenewal>,
+    pub releases: Vec<SentRelease>,
+    pub loads: Vec<Load>,
+    pub ended: Vec<EndedLease>,
     pub admitted: Vec<AdmittedEffect>,
     /// A durable write the store refused (a token regression reached the store).
     pub store_refusals: Vec<String>,
+    /// What a replay prints about leadership (no check reads these).
+    pub notes: Vec<(u64, String)>,
 }
 
 /// One broken rule, with what is needed to find it in the trace.
@@ -73,6 +142,38 @@ pub enum Violation {
         resource: ResourceId,
         token: Token,
         client: usize,
+    },
+    /// Two leases of one resource were live at once by the client-side view
+    /// (each from its answer to its send time + TTL, cut short by the release
+    /// its client sent): `token` was answered at `at_ms`, before `other` ended.
+    LeasesOverlap {
+        resource: ResourceId,
+        token: Token,
+        other: Token,
+        at_ms: u64,
+    },
+    /// A (re)start or takeover at `at_ms` loaded records that lost an answered
+    /// grant: the token did not continue above it, or a lease still live by its
+    /// client's view was not recorded as held. `loaded`: the token it loaded.
+    GrantLost {
+        resource: ResourceId,
+        token: Token,
+        loaded: Option<Token>,
+        at_ms: u64,
+    },
+    /// The store recorded the end of a lease that was still live by its
+    /// client's view: the next coordinator to load would grant it again.
+    LiveLeaseEnded {
+        resource: ResourceId,
+        token: Token,
+        at_ms: u64,
+    },
+    /// A coordinator term answered after a later term had answered: two leaders
+    /// answering in turn, or a deposed one that kept answering.
+    DeposedAnswered {
+        incarnation: u64,
+        after: u64,
+        at_ms: u64,
     },
     StoreRefused(String),
     /// After the faults healed, this client never got a grant or never an effect in.
@@ -122,6 +223,39 @@ impl fmt::Display for Violation {
                     "client {client} presented {resource}/{token} that it was never granted"
                 )
             }
+            Violation::LeasesOverlap {
+                resource,
+                token,
+                other,
+                at_ms,
+            } => write!(
+                f,
+                "leases overlap on {resource}: token {token} answered at {at_ms} ms while {other} was live"
+            ),
+            Violation::GrantLost {
+                resource,
+                token,
+                loaded,
+                at_ms,
+            } => {
+                let loaded = loaded.map_or_else(|| "nothing".to_string(), |t| format!("token {t}"));
+                write!(
+                    f,
+                    "grant lost: the load at {at_ms} ms has {loaded} for {resource}, answered {token} is live or higher"
+                )
+            }
+            Violation::LiveLeaseEnded { resource, token, at_ms } => write!(
+                f,
+                "the store ended lease {token} of {resource} at {at_ms} ms while it was live"
+            ),
+            Violation::DeposedAnswered {
+                incarnation,
+                after,
+                at_ms,
+            } => write!(
+                f,
+                "coordinator term {incarnation} answered at {at_ms} ms after term {after} had answered"
+            ),
             Violation::StoreRefused(e) => write!(f, "store refused a write: {e}"),
             Violation::NoProgress {
                 client,
@@ -139,6 +273,7 @@ impl fmt::Display for Violation {
 pub fn check(h: &History, clients: usize, healed_at_ms: u64) -> Vec<Violation> {
     let mut out: Vec<Violation> = h.store_refusals.iter().cloned().map(Violation::StoreRefused).collect();
     check_grants(h, &mut out);
+    leases::check(h, &mut out);
     check_effects(h, &mut out);
     for client in 0..clients {
         let granted = h.grants.iter().any(|g| g.client == client && g.at_ms >= healed_at_ms);
@@ -220,6 +355,12 @@ pub fn digest(h: &History) -> u64 {
             "g {} {} {} {} {};",
             g.at_ms, g.resource, g.token, g.client, g.incarnation
         ));
+    }
+    for r in &h.renewals {
+        d.text(&format!("r {} {} {} {};", r.at_ms, r.resource, r.token, r.client));
+    }
+    for l in &h.loads {
+        d.text(&format!("l {} {} {};", l.at_ms, l.incarnation, l.records.len()));
     }
     for e in &h.admitted {
         d.text(&format!(

@@ -7,6 +7,11 @@
 //! answered and what the arbiter admitted. [`model`] is a stateright model of
 //! the same protocol, small enough to explore exhaustively.
 //!
+//! With [`Options::leadership`], 2–3 coordinators share one store
+//! (`leasefence_store::MemoryShared` on the simulated clock), one leading at a
+//! time under an epoch that fences its writes; leaders pause past their
+//! leader TTL, lose the store and crash, and the checker also judges takeovers.
+//!
 //! This simulates the protocol, not the network stack: no gRPC, no sockets, no
 //! threads, no wall clock.
 
@@ -15,12 +20,14 @@ mod client;
 pub mod config;
 mod coordinator_node;
 mod event;
+mod ha;
 pub mod history;
 pub mod model;
 mod net;
 mod rng;
 mod sim;
 
-pub use config::{Fencing, Options};
+pub use config::{Fencing, Leadership, Options};
+pub use ha::{PeerStats, StoreStats};
 pub use history::{History, Violation};
 pub use sim::{RunReport, Trace, run, run_with};

@@ -10,10 +10,11 @@ use std::collections::BTreeMap;
 use leasefence_core::ResourceId;
 
 use crate::arbiter_node::ArbiterNode;
-use crate::client::{ClientNode, ClientStats, Clock};
+use crate::client::{ClientNode, ClientSetup, ClientStats, Clock};
 use crate::config::{Fault, Fencing, Options, RunConfig};
 use crate::coordinator_node::{CoordinatorNode, CoordinatorStats};
 use crate::event::{Ctx, Event, Out};
+use crate::ha::{PeerNode, PeerStats, StoreNode, StoreStats};
 use crate::history::{self, History, Violation};
 use crate::net::{NetStats, Network, Node};
 use crate::rng::Rng;
@@ -37,12 +38,17 @@ pub struct Trace {
     /// Effects in the arbiter's own table (must equal the admitted history).
     pub arbiter_applied: usize,
     pub client_stats: Vec<ClientStats>,
+    /// Leadership runs: the peers' and the shared store's counters.
+    pub peers: Vec<PeerStats>,
+    pub store: Option<StoreStats>,
+    pub leader_ttl_ms: Option<u64>,
 }
 
 #[derive(Clone, Debug)]
 pub struct RunReport {
     pub seed: u64,
     pub fencing: Fencing,
+    pub options: Options,
     pub history: History,
     pub violations: Vec<Violation>,
     pub digest: u64,
@@ -57,6 +63,8 @@ struct World {
     queue: BTreeMap<(u64, u64), Event>,
     net: Network,
     coordinator: CoordinatorNode,
+    peers: Vec<PeerNode>,
+    store: Option<StoreNode>,
     arbiter: ArbiterNode,
     clients: Vec<ClientNode>,
     history: History,
@@ -70,7 +78,7 @@ pub fn run(seed: u64, fencing: Fencing) -> RunReport {
 pub fn run_with(seed: u64, options: Options) -> RunReport {
     let fencing = options.fencing;
     let mut rng = Rng::new(seed);
-    let config = RunConfig::draw(&mut rng, fencing);
+    let config = RunConfig::draw(&mut rng, &options);
     let mut world = World::new(rng, &config, &options);
     let mut events = 0u64;
     while let Some(((at, _), event)) = world.queue.pop_first() {
@@ -96,10 +104,14 @@ pub fn run_with(seed: u64, options: Options) -> RunReport {
         arbiter_rejected: world.arbiter.rejected,
         arbiter_applied: world.arbiter.applied(),
         client_stats: world.clients.iter().map(|c| c.stats.clone()).collect(),
+        peers: world.peers.iter().map(|p| p.stats.clone()).collect(),
+        store: world.store.as_ref().map(|s| s.stats.clone()),
+        leader_ttl_ms: config.leadership.as_ref().map(|l| l.leader_ttl_ms),
     };
     RunReport {
         seed,
         fencing,
+        options,
         digest: history::digest(&world.history),
         history: world.history,
         violations,
@@ -112,6 +124,23 @@ impl World {
         let resources: Vec<ResourceId> = (0..config.resources)
             .map(|i| ResourceId::new(&format!("res-{i}")).expect("generated resource names are valid"))
             .collect();
+        let leadership = config.leadership.as_ref();
+        let peers: Vec<PeerNode> = leadership.map_or_else(Vec::new, |l| {
+            (0..l.peers)
+                .map(|i| PeerNode::new(i, config.clients, config.ttl_ms, l))
+                .collect()
+        });
+        let setup = ClientSetup {
+            ttl_ms: config.ttl_ms,
+            resources: resources.clone(),
+            pause_per_mille: config.pause_per_mille,
+            coordinators: match leadership {
+                Some(l) => (0..l.peers).map(Node::Peer).collect(),
+                None => vec![Node::Coordinator],
+            },
+            // Leases held over several renewals live across takeovers.
+            hold_renewals_max: if leadership.is_some() { 12 } else { 0 },
+        };
         let clients = (0..config.clients)
             .map(|i| {
                 let rate_per_mille = config.clock_rate_per_mille.get(i).copied().unwrap_or(1_000);
@@ -119,7 +148,7 @@ impl World {
                     rate_per_mille,
                     offset_ms: 0,
                 };
-                ClientNode::new(i, config.ttl_ms, resources.clone(), config.pause_per_mille, clock)
+                ClientNode::new(i, setup.clone(), clock)
             })
             .collect();
         let mut world = World {
@@ -130,6 +159,8 @@ impl World {
             queue: BTreeMap::new(),
             net: Network::new(config),
             coordinator: CoordinatorNode::new(config.clients, config.ttl_ms, options),
+            peers,
+            store: leadership.map(|l| StoreNode::new(l.leader_ttl_ms, l.epoch_fencing)),
             arbiter: ArbiterNode::new(config.fencing),
             clients,
             history: History::default(),
@@ -138,6 +169,9 @@ impl World {
             world.schedule(*at, Event::Fault(fault.clone()));
         }
         world.schedule(config.heal_at_ms, Event::Heal);
+        for i in 0..world.peers.len() {
+            world.with_ctx(|ctx, w| w.peers[i].start(ctx));
+        }
         for i in 0..config.clients {
             world.with_ctx(|ctx, w| w.clients[i].start(ctx));
         }
@@ -150,12 +184,32 @@ impl World {
     }
 
     fn dispatch(&mut self, event: Event) {
+        // A paused peer handles nothing until it wakes: its events wait, in order.
+        if let Some(until) = self.paused_peer(&event) {
+            self.schedule(until, event);
+            return;
+        }
         match event {
             Event::Deliver { from, to, msg } => self.with_ctx(|ctx, w| match (from, to) {
                 (Node::Client(c), Node::Coordinator) => w.coordinator.on_message(ctx, c, msg),
                 (Node::Client(c), Node::Arbiter) => w.arbiter.on_message(ctx, c, msg),
                 (_, Node::Client(c)) => w.clients[c].on_message(ctx, msg),
+                (from, Node::Peer(p)) => {
+                    if let Some(peer) = w.peers.get_mut(p) {
+                        peer.on_message(ctx, from, msg);
+                    }
+                }
+                (Node::Peer(p), Node::Store) => {
+                    if let Some(store) = w.store.as_mut() {
+                        store.on_message(ctx, p, msg);
+                    }
+                }
                 _ => {}
+            }),
+            Event::Peer { peer, life, event } => self.with_ctx(|ctx, w| {
+                if let Some(p) = w.peers.get_mut(peer) {
+                    p.on_event(ctx, life, event);
+                }
             }),
             Event::ClientWake { client, generation } => {
                 self.with_ctx(|ctx, w| w.clients[client].on_wake(ctx, generation))
@@ -170,8 +224,23 @@ impl World {
                 waiter,
             } => self.with_ctx(|ctx, w| w.coordinator.on_wait_expired(ctx, incarnation, &resource, waiter)),
             Event::CoordinatorRestart => self.with_ctx(|ctx, w| w.coordinator.restart(ctx)),
+            Event::Fault(Fault::CoordinatorCrash { down_ms, mid_fsync }) if !self.peers.is_empty() => {
+                if let Some(p) = self.leader(true) {
+                    self.with_ctx(|ctx, w| w.peers[p].crash(ctx, down_ms, mid_fsync));
+                }
+            }
             Event::Fault(Fault::CoordinatorCrash { down_ms, mid_fsync }) => {
                 self.with_ctx(|ctx, w| w.coordinator.crash(ctx, down_ms, mid_fsync))
+            }
+            Event::Fault(Fault::LeaderPause { for_ms, mid_commit }) => {
+                if let Some(p) = self.leader(false) {
+                    self.with_ctx(|ctx, w| w.peers[p].pause(ctx, for_ms, mid_commit));
+                }
+            }
+            Event::Fault(Fault::StorePartition { peer, links, for_ms }) => {
+                if let Some(p) = peer.or_else(|| self.leader(true)) {
+                    self.net.partition_store(p, links, self.now + for_ms);
+                }
             }
             Event::Fault(Fault::Partition { client, links, for_ms }) => {
                 self.net.partition(client, links, self.now + for_ms)
@@ -185,8 +254,33 @@ impl World {
                 self.faulty = false;
                 self.net.heal();
                 self.coordinator.disarm();
+                self.peers.iter_mut().for_each(PeerNode::disarm);
             }
         }
+    }
+
+    /// The peer that leads (of those that believe so, the highest epoch);
+    /// `paused`: a paused one counts.
+    fn leader(&self, paused: bool) -> Option<usize> {
+        (0..self.peers.len())
+            .filter(|&p| paused || self.peers[p].paused_until().is_none())
+            .filter_map(|p| self.peers[p].leading().map(|e| (e, p)))
+            .max()
+            .map(|(_, p)| p)
+    }
+
+    /// When the peer an event is for wakes, if it is paused now.
+    fn paused_peer(&self, event: &Event) -> Option<u64> {
+        let peer = match event {
+            Event::Deliver { to: Node::Peer(p), .. } => *p,
+            Event::Peer {
+                event: crate::ha::PeerEvent::Wake,
+                ..
+            } => return None,
+            Event::Peer { peer, .. } => *peer,
+            _ => return None,
+        };
+        self.peers.get(peer)?.paused_until()
     }
 
     /// Lends an actor the context, then routes what it sent and the timers it set.
@@ -201,6 +295,8 @@ impl World {
         };
         let mut actors = Actors {
             coordinator: &mut self.coordinator,
+            peers: &mut self.peers,
+            store: &mut self.store,
             arbiter: &mut self.arbiter,
             clients: &mut self.clients,
         };
@@ -226,6 +322,8 @@ impl World {
 /// The actors, borrowed apart from the context so both can be mutated at once.
 struct Actors<'a> {
     coordinator: &'a mut CoordinatorNode,
+    peers: &'a mut Vec<PeerNode>,
+    store: &'a mut Option<StoreNode>,
     arbiter: &'a mut ArbiterNode,
     clients: &'a mut Vec<ClientNode>,
 }

@@ -68,8 +68,8 @@ fn replaying_a_seed_gives_the_same_history() {
 fn a_coordinator_that_answers_before_fsync_is_caught_reusing_tokens() {
     // The checker's reach: mid-fsync crashes must expose an answered grant that was lost.
     let options = Options {
-        fencing: Fencing::Strict,
         answer_before_durable: true,
+        ..Options::new(Fencing::Strict)
     };
     let caught = (0..SEEDS)
         .filter(|&seed| {
@@ -82,5 +82,26 @@ fn a_coordinator_that_answers_before_fsync_is_caught_reusing_tokens() {
     assert!(
         caught >= 1,
         "no seed of {SEEDS} caught grants answered before they were durable"
+    );
+}
+
+#[test]
+fn a_coordinator_that_answers_before_fsync_is_caught_losing_grants_at_restart() {
+    // The load check: a restart must load every grant answered before it.
+    let options = Options {
+        answer_before_durable: true,
+        ..Options::new(Fencing::Strict)
+    };
+    let caught = (0..SEEDS)
+        .filter(|&seed| {
+            run_with(seed, options)
+                .violations
+                .iter()
+                .any(|v| matches!(v, Violation::GrantLost { .. }))
+        })
+        .count();
+    assert!(
+        caught >= 1,
+        "no restart of {SEEDS} seeds was caught losing an answered grant"
     );
 }
