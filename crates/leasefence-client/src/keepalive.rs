@@ -32,6 +32,8 @@ use crate::watch::{Loss, StateTx, set_lost};
 
 /// Renewals sent but not yet answered, at most; more means the stream stalls.
 const IN_FLIGHT_MAX: usize = 3;
+/// Shortest wait for a stream to open before another coordinator is tried.
+const OPEN_STALL_MIN: Duration = Duration::from_millis(500);
 /// First wait before reopening a broken stream.
 const BACKOFF_MIN: Duration = Duration::from_millis(10);
 
@@ -73,6 +75,19 @@ impl KeepAlive {
 
     fn interval(&self) -> Duration {
         renew_interval(self.ttl, self.margin)
+    }
+
+    /// Completes when a stream that is still opening counts as stalled (its
+    /// coordinator paused or cut off) and another coordinator should be
+    /// tried: after a renewal interval, at least [`OPEN_STALL_MIN`] so that
+    /// a busy machine is not mistaken for a stalled coordinator. Never with
+    /// a single coordinator: there is nowhere else to go.
+    async fn open_stalled(&self) {
+        if self.client.coordinators.len() > 1 {
+            sleep(self.interval().max(OPEN_STALL_MIN)).await;
+        } else {
+            std::future::pending::<()>().await;
+        }
     }
 
     async fn renew_until_lost(&self) -> Loss {
@@ -168,13 +183,11 @@ impl KeepAlive {
         let mut next_at = Instant::now() + due.saturating_since(self.state.now());
         let on = self.client.coordinators.pick();
         let mut grpc = on.grpc.clone();
-        // A coordinator that does not even open the stream within a renewal
-        // interval is stalled (paused, or cut off): try another.
         let opened = tokio::select! {
             biased;
             () = self.until_deadline() => return StreamEnd::Lost(Loss::Expired),
             r = grpc.keep_alive(ReceiverStream::new(rx)) => r,
-            () = sleep(self.interval()) => return self.broken(&on, &Failure::Ambiguous),
+            () = self.open_stalled() => return self.broken(&on, &Failure::Ambiguous),
         };
         let mut inbound = match opened {
             Ok(r) => r.into_inner(),

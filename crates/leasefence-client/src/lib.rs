@@ -437,22 +437,34 @@ fn failed_error(resource: &ResourceId, f: Failed, safety: Safety) -> ClientError
         } => (url, status, failure, attempts),
     };
     status_error(resource, &status).unwrap_or_else(|| {
+        let detail = status_chain(&status);
         let message = match failure {
-            Failure::NotLeader { .. } => {
-                format!(
-                    "{} (no active coordinator found in {attempts} attempts)",
-                    status.message()
-                )
-            }
+            Failure::NotLeader { .. } => format!("{detail} (no active coordinator found in {attempts} attempts)"),
             Failure::Ambiguous if safety == Safety::Once => format!(
-                "{}; not retried: the request may have been carried out (an acquire may have been \
-                 granted under a lease id never received: it expires after its TTL)",
-                status.message()
+                "{detail}; not retried: the request may have been carried out (an acquire may have \
+                 been granted under a lease id never received: it expires after its TTL)"
             ),
-            _ => status.message().to_string(),
+            _ if attempts > 1 => format!("{detail} (the last of {attempts} attempts)"),
+            _ => detail,
         };
         ClientError::Transport { url, message }
     })
+}
+
+/// A status's message and the causes tonic kept ("connection refused"
+/// hides in a source), each once.
+fn status_chain(s: &tonic::Status) -> String {
+    let mut out = s.message().to_string();
+    let mut cur = std::error::Error::source(s);
+    while let Some(e) = cur {
+        let cause = e.to_string();
+        if !out.contains(&cause) {
+            out.push_str(": ");
+            out.push_str(&cause);
+        }
+        cur = e.source();
+    }
+    out
 }
 
 /// A status as a lease refusal or a coordinator error; `None` for a

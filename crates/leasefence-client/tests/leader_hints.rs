@@ -8,7 +8,7 @@ mod support;
 
 use std::time::Duration;
 
-use leasefence_client::{Client, ClientError, LeaderChange, LeaderChanges, LeaseConfig};
+use leasefence_client::{Client, ClientError, ClientOptions, LeaderChange, LeaderChanges, LeaseConfig};
 use leasefence_core::{Holder, ResourceId};
 use support::{Role, coordinator, dead_url, ms, proxy, stub};
 use tokio::time::{sleep, timeout};
@@ -235,4 +235,51 @@ async fn next(changes: &mut LeaderChanges) -> Result<LeaderChange, ClientError> 
 
 fn first_term() -> leasefence_core::Token {
     leasefence_core::Token::new(1).expect("non-zero")
+}
+
+#[tokio::test]
+async fn a_status_moves_on_from_a_coordinator_that_never_answers_and_an_acquire_does_not() {
+    let leader = coordinator().await;
+    let sink = stub(Role::Swallow).await;
+    let options = ClientOptions::default().with_call_timeout(Duration::from_secs(2));
+    let client = Client::connect_any_with(&[&sink.url, &leader.url], options)
+        .await
+        .expect("client");
+    let r = res("hints/silent");
+    let status = client
+        .status(&r)
+        .await
+        .expect("status answered by the leader within the call timeout");
+    assert_eq!(status.last_token, None);
+
+    let client = Client::connect_any_with(&[&sink.url, &leader.url], client.options().clone())
+        .await
+        .expect("client");
+    match client.acquire(&r, Duration::from_secs(10), None, Duration::ZERO).await {
+        Err(ClientError::Transport { message, .. }) => assert!(message.contains("no answer"), "{message}"),
+        other => panic!("an unanswered acquire must not be sent elsewhere: {other:?}"),
+    }
+    let after = client.status(&r).await.expect("status");
+    assert_eq!((after.held, after.last_token), (None, None), "no grant on the leader");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keep_alive_skips_a_coordinator_that_never_opens_its_stream() {
+    let leader = coordinator().await;
+    let cut = proxy(leader.addr).await;
+    let sink = stub(Role::Swallow).await;
+    let standby = stub(Role::Standby {
+        leader: Some(leader.url.clone()),
+    })
+    .await;
+    let client = Client::connect_any(&[&cut.url, &sink.url, &standby.url])
+        .await
+        .expect("client");
+    let (r, ttl) = (res("hints/stalled"), Duration::from_secs(3));
+    let lease = client.lease(&r, ttl).await.expect("acquired through the proxy");
+    cut.cut();
+    sleep(ttl * 2).await;
+    assert!(!lease.is_lost(), "lost: {:?}", lease.watch().loss());
+    assert!(sink.calls() >= 1, "the silent coordinator was tried");
+    assert_eq!(client.active(), leader.url, "and left for the leader the standby named");
 }
