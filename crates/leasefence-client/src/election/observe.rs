@@ -20,7 +20,8 @@ use tokio::sync::mpsc;
 use tokio::time::sleep;
 use tokio_stream::Stream;
 
-use crate::{Client, ClientError, StatusInfo, status_error};
+use crate::calls::status_error;
+use crate::{Client, ClientError, StatusInfo};
 
 /// Changes buffered for a slow consumer before the observer waits for it.
 const BUFFER_LEN_MAX: usize = 64;
