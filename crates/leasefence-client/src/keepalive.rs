@@ -6,6 +6,14 @@
 //! front pairs with the oldest send time in flight. A broken or stalled
 //! stream is reopened (with backoff) until the deadline; a refusal ends the
 //! lease at once.
+//!
+//! With several coordinators, a stream that breaks, stalls or is refused
+//! with a standby's not-leader answer is reopened on the coordinator the
+//! hint names, or else on the next one: after a takeover the new active
+//! coordinator honours the lease (it loads the records and gives every held
+//! lease a full TTL), so renewals go on there as long as the self-fencing
+//! deadline has not passed. A renewal refused as lease-lost still loses the
+//! lease at once, wherever it was refused.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -18,19 +26,25 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use crate::Client;
 use crate::clock::{self, Stamp};
+use crate::coordinators::{Failure, Pick, classify};
 use crate::deadline::{deadline, renew_interval};
 use crate::watch::{Loss, StateTx, set_lost};
 
 /// Renewals sent but not yet answered, at most; more means the stream stalls.
 const IN_FLIGHT_MAX: usize = 3;
+/// Shortest wait for a stream to open before another coordinator is tried.
+const OPEN_STALL_MIN: Duration = Duration::from_millis(500);
 /// First wait before reopening a broken stream.
 const BACKOFF_MIN: Duration = Duration::from_millis(10);
 
 /// Why one stream ended.
 enum StreamEnd {
     Lost(Loss),
-    /// Transport failure or stall: reopen.
-    Broken,
+    /// Transport failure, stall or not-leader answer: reopen, at once if a
+    /// leader hint named where.
+    Broken {
+        hinted: bool,
+    },
 }
 
 pub(crate) struct KeepAlive {
@@ -63,12 +77,28 @@ impl KeepAlive {
         renew_interval(self.ttl, self.margin)
     }
 
+    /// Completes when a stream that is still opening counts as stalled (its
+    /// coordinator paused or cut off) and another coordinator should be
+    /// tried: after a renewal interval, at least [`OPEN_STALL_MIN`] so that
+    /// a busy machine is not mistaken for a stalled coordinator. Never with
+    /// a single coordinator: there is nowhere else to go.
+    async fn open_stalled(&self) {
+        if self.client.coordinators.len() > 1 {
+            sleep(self.interval().max(OPEN_STALL_MIN)).await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    }
+
     async fn renew_until_lost(&self) -> Loss {
         let mut backoff = BACKOFF_MIN;
         loop {
             match self.one_stream().await {
                 StreamEnd::Lost(loss) => return loss,
-                StreamEnd::Broken => {
+                StreamEnd::Broken { hinted } => {
+                    if hinted {
+                        backoff = BACKOFF_MIN;
+                    }
                     tokio::select! {
                         () = sleep(backoff) => {}
                         () = self.until_deadline() => {}
@@ -115,18 +145,26 @@ impl KeepAlive {
         }
     }
 
-    fn classify(&self, status: &tonic::Status) -> StreamEnd {
-        match leasefence_proto::status_to_error(&self.resource, status) {
-            None => StreamEnd::Broken,
-            // Lease lost, or any other refusal of a renewal of a lease we were
-            // granted: the coordinator no longer vouches for it.
-            Some(_) => StreamEnd::Lost(Loss::Revoked),
+    fn classify(&self, on: &Pick, status: &tonic::Status) -> StreamEnd {
+        if leasefence_proto::status_to_error(&self.resource, status).is_some() {
+            // Lease lost, or any other refusal of a renewal of a lease we
+            // were granted: the coordinator no longer vouches for it.
+            return StreamEnd::Lost(Loss::Revoked);
         }
+        self.broken(on, &classify(status))
     }
 
-    fn answered(&self, in_flight: &mut VecDeque<Stamp>, lease: &pb::Lease) -> Option<StreamEnd> {
+    /// The stream on `on` broke as `failure`: the next one goes where a
+    /// hint says, or to the next coordinator (renewing twice is harmless).
+    fn broken(&self, on: &Pick, failure: &Failure) -> StreamEnd {
+        tracing::debug!(url = %on.url, resource = %self.resource, ?failure, "keep-alive stream broken");
+        let hinted = self.client.coordinators.failed(on.index, failure);
+        StreamEnd::Broken { hinted }
+    }
+
+    fn answered(&self, on: &Pick, in_flight: &mut VecDeque<Stamp>, lease: &pb::Lease) -> Option<StreamEnd> {
         let Some(sent) = in_flight.pop_front() else {
-            return Some(StreamEnd::Broken);
+            return Some(self.broken(on, &Failure::Ambiguous));
         };
         if lease.token != self.token.get() {
             return Some(StreamEnd::Lost(Loss::TokenChanged));
@@ -143,15 +181,17 @@ impl KeepAlive {
         // Renewals are timed on tokio's clock, from the lease clock's reading.
         let due = self.state.borrow().renewed_at.saturating_add(self.interval());
         let mut next_at = Instant::now() + due.saturating_since(self.state.now());
-        let mut grpc = self.client.grpc();
+        let on = self.client.coordinators.pick();
+        let mut grpc = on.grpc.clone();
         let opened = tokio::select! {
             biased;
             () = self.until_deadline() => return StreamEnd::Lost(Loss::Expired),
             r = grpc.keep_alive(ReceiverStream::new(rx)) => r,
+            () = self.open_stalled() => return self.broken(&on, &Failure::Ambiguous),
         };
         let mut inbound = match opened {
             Ok(r) => r.into_inner(),
-            Err(status) => return self.classify(&status),
+            Err(status) => return self.classify(&on, &status),
         };
         loop {
             tokio::select! {
@@ -159,24 +199,24 @@ impl KeepAlive {
                 () = self.until_deadline() => return StreamEnd::Lost(Loss::Expired),
                 msg = inbound.message() => match msg {
                     Ok(Some(lease)) => {
-                        if let Some(end) = self.answered(&mut in_flight, &lease) {
+                        if let Some(end) = self.answered(&on, &mut in_flight, &lease) {
                             return end;
                         }
                     }
-                    Ok(None) => return StreamEnd::Broken,
-                    Err(status) => return self.classify(&status),
+                    Ok(None) => return self.broken(&on, &Failure::Ambiguous),
+                    Err(status) => return self.classify(&on, &status),
                 },
                 () = sleep_until(next_at) => {
                     let now = self.state.now();
                     let stalled = in_flight.front().is_some_and(|t| now.saturating_since(*t) > self.interval());
                     if stalled || in_flight.len() >= IN_FLIGHT_MAX {
-                        return StreamEnd::Broken;
+                        return self.broken(&on, &Failure::Ambiguous);
                     }
                     // The send time is taken before the message is handed
                     // over: it can only be earlier than the real send.
                     in_flight.push_back(now);
                     if tx.try_send(self.request()).is_err() {
-                        return StreamEnd::Broken;
+                        return self.broken(&on, &Failure::Ambiguous);
                     }
                     next_at = Instant::now() + self.interval();
                 }

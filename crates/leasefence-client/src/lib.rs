@@ -24,6 +24,43 @@
 //!   client leads a name and returns a [`Leader`] whose term is its fencing
 //!   token; [`Client::observe`] streams [`LeaderChange`]s.
 //!
+//! # Several coordinators
+//!
+//! Coordinators run highly available as one active and standbys over a
+//! shared store. [`Client::connect_any`] takes them all; it connects to each
+//! only when first needed, so some may be down. Calls go to the coordinator
+//! believed active (at first the first one); a standby answers `UNAVAILABLE`
+//! with the active one's URL in the [`META_LEADER`] metadata, and the client
+//! switches to it (adding it to its list if it is a valid `http(s)` URL, up
+//! to [`COORDINATORS_MAX`]) and retries at once. Without a hint, or when a
+//! coordinator cannot be reached, it tries the next one after a short
+//! backoff. All attempts together (at most two per coordinator known, at
+//! least three) stay within the call's deadline. What is retried:
+//!
+//! - **Every call**, after an answer that proves nothing was done: a
+//!   standby's not-leader refusal, or a failure to connect before the
+//!   request was sent.
+//! - **`renew`, `release`, `status`** (and opening a watch or a keep-alive
+//!   stream), after any other transport failure too: a connection that
+//!   broke after the request was sent, no answer in time (with several
+//!   coordinators each attempt gets at most half the call timeout), a
+//!   coordinator that cannot reach its store. Doing them twice is harmless;
+//!   but a `release` that was carried out before its answer was lost
+//!   answers [`LeaseError::LeaseLost`] when retried: the lease is gone
+//!   either way.
+//! - **`acquire` is not retried** after such an ambiguous failure: the grant
+//!   may have happened, and the lease would then be held under a lease id
+//!   the caller never learned until its TTL runs out. The error
+//!   ([`ClientError::Transport`]) says so; acquire again when the resource
+//!   is free, or after that TTL.
+//!
+//! A [`Lease`]'s keep-alive follows the same hints when its stream breaks,
+//! stalls or is refused as not-leader, and goes on renewing on the new
+//! active coordinator (which honours held leases after a takeover) until
+//! its self-fencing deadline; a renewal refused as lease-lost still loses
+//! the lease at once. Watches and observers resync after a takeover as
+//! after a restart: the new coordinator has another `coordinator_id`.
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::time::Duration;
@@ -44,15 +81,19 @@
 //! # }
 //! ```
 
+mod calls;
 pub mod clock;
+mod coordinators;
 mod deadline;
 pub mod election;
 mod keepalive;
 mod options;
+mod retry;
 mod session;
 mod watch;
 
 pub use clock::{Clock, ClockSource, Stamp, SystemClock, TokioClock};
+pub use coordinators::{COORDINATORS_MAX, META_LEADER, NOT_LEADER_PREFIX, URL_LEN_MAX, check_coordinator_url};
 pub use deadline::{DEFAULT_MARGIN_FLOOR, MARGIN_MIN, default_margin};
 pub use election::{CAMPAIGN_WAIT_DEFAULT, Leader, LeaderChange, LeaderChanges};
 pub use options::{
@@ -62,14 +103,15 @@ pub use options::{
 pub use session::{Lease, LeaseConfig, WithLeaseError};
 pub use watch::{LeaseWatch, Loss};
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use leasefence_core::{Fence, Holder, Invalid, LeaseError, LeaseId, ResourceId, Token};
-use leasefence_proto::status_to_error;
 use leasefence_proto::v1::{self as pb, leases_client::LeasesClient};
 use tonic::transport::Channel;
+
+use crate::coordinators::Coordinators;
+use crate::retry::{Failed, Safety};
 
 /// What a call can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -115,15 +157,12 @@ pub struct StatusInfo {
     pub waiters: u32,
 }
 
+/// A client of one or more coordinators: cheap to clone (clones share the
+/// connections and the belief of which coordinator is active).
 #[derive(Clone, Debug)]
 pub struct Client {
-    url: String,
-    inner: LeasesClient<Channel>,
+    coordinators: Arc<Coordinators>,
     options: ClientOptions,
-}
-
-fn duration_ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 impl Client {
@@ -133,10 +172,13 @@ impl Client {
         Client::connect_with(url, ClientOptions::default()).await
     }
 
-    /// Connects to `url` with `options`; connecting is bounded by the call
-    /// timeout as well as the connect timeout.
+    /// Connects to `url` with `options`, and fails if it cannot; connecting
+    /// is bounded by the call timeout as well as the connect timeout. If
+    /// `url` turns out to be a standby, calls follow its leader hint as
+    /// [`Client::connect_any_with`] describes.
     pub async fn connect_with(url: &str, options: ClientOptions) -> Result<Client, ClientError> {
         options.check()?;
+        check_coordinator_url(url)?;
         let endpoint = options.endpoint(url)?;
         let channel = match tokio::time::timeout(options.call_timeout(), endpoint.connect()).await {
             Ok(connected) => connected.map_err(|e| ClientError::Transport {
@@ -150,9 +192,47 @@ impl Client {
                 });
             }
         };
+        let coordinators = Coordinators::new(vec![(url.to_string(), channel)], options.clone());
         Ok(Client {
-            url: url.to_string(),
-            inner: LeasesClient::new(channel),
+            coordinators: Arc::new(coordinators),
+            options,
+        })
+    }
+
+    /// A client of several coordinators (active and standbys on one store),
+    /// with the default [`ClientOptions`]; see [`Client::connect_any_with`].
+    pub async fn connect_any<S: AsRef<str>>(urls: &[S]) -> Result<Client, ClientError> {
+        Client::connect_any_with(urls, ClientOptions::default()).await
+    }
+
+    /// A client of several coordinators. Nothing is connected yet (each
+    /// connection is made when first used), so coordinators that are down
+    /// do not stop it; only an empty or too long list (more than
+    /// [`COORDINATORS_MAX`]) or an entry that is not an `http(s)://` URL is
+    /// refused (field `server`). Duplicates count once. Calls go to the
+    /// coordinator believed active (at first the first one given) and move
+    /// on as the crate docs describe ("Several coordinators").
+    pub async fn connect_any_with<S: AsRef<str>>(urls: &[S], options: ClientOptions) -> Result<Client, ClientError> {
+        options.check()?;
+        if urls.is_empty() {
+            let allowed = "no coordinator given; allowed: one or more URLs like http://127.0.0.1:7740";
+            return Err(Invalid::new("server", allowed).into());
+        }
+        let mut channels: Vec<(String, Channel)> = Vec::new();
+        for url in urls {
+            let url = url.as_ref();
+            check_coordinator_url(url)?;
+            if channels.iter().any(|(known, _)| known == url) {
+                continue;
+            }
+            if channels.len() == COORDINATORS_MAX {
+                let many = format!("more than {COORDINATORS_MAX} coordinators given");
+                return Err(Invalid::new("server", many).into());
+            }
+            channels.push((url.to_string(), options.endpoint(url)?.connect_lazy()));
+        }
+        Ok(Client {
+            coordinators: Arc::new(Coordinators::new(channels, options.clone())),
             options,
         })
     }
@@ -167,138 +247,46 @@ impl Client {
         self.options.clock()
     }
 
-    /// The generated gRPC client on this client's connection (cheap:
-    /// channels are shared). Keep-alive pings apply; per-call deadlines do
-    /// not: bound unary calls yourself.
+    /// The coordinators this client knows: those it was given, then those
+    /// leader hints named.
+    pub fn coordinators(&self) -> Vec<String> {
+        self.coordinators.urls()
+    }
+
+    /// The coordinator the next call goes to first.
+    pub fn active(&self) -> String {
+        self.coordinators.pick().url
+    }
+
+    /// The generated gRPC client on the connection to the coordinator
+    /// believed active (cheap: channels are shared). Keep-alive pings apply;
+    /// per-call deadlines, leader hints and retries do not: bound unary
+    /// calls yourself, or use [`Client::open_watch`] for watches.
     pub fn grpc(&self) -> LeasesClient<Channel> {
-        self.inner.clone()
+        self.coordinators.pick().grpc
     }
 
-    /// Runs one unary call with a deadline of `limit`; an answer that does
-    /// not come in time is a transport error (the call is cancelled).
-    async fn call<T>(
+    /// Opens a `Watch` stream on the active coordinator, following leader
+    /// hints and trying the others as an idempotent call does (opening a
+    /// watch changes nothing), within the call timeout. Errors are the
+    /// coordinator's statuses (`FAILED_PRECONDITION`: the history to resume
+    /// from is gone, as after a restart or a takeover), or `UNAVAILABLE`.
+    pub async fn open_watch(
         &self,
-        resource: &ResourceId,
-        limit: Duration,
-        call: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-    ) -> Result<T, ClientError> {
-        match tokio::time::timeout(limit, call).await {
-            Ok(answer) => answer
-                .map(tonic::Response::into_inner)
-                .map_err(|s| self.map(resource, s)),
-            Err(_) => Err(ClientError::Transport {
-                url: self.url.clone(),
-                message: format!("no answer within {} ms (the call timeout)", limit.as_millis()),
-            }),
-        }
-    }
-
-    fn map(&self, resource: &ResourceId, s: tonic::Status) -> ClientError {
-        if let Some(e) = status_to_error(resource, &s) {
-            return ClientError::Lease(e);
-        }
-        match s.code() {
-            tonic::Code::Unavailable | tonic::Code::Unknown if s.message().contains("transport") => {
-                ClientError::Transport {
-                    url: self.url.clone(),
-                    message: s.message().to_string(),
-                }
-            }
-            tonic::Code::Unavailable => ClientError::Transport {
-                url: self.url.clone(),
-                message: s.to_string(),
-            },
-            _ => ClientError::Server(s.to_string()),
-        }
-    }
-
-    fn lease_info(&self, resource: &ResourceId, l: pb::Lease) -> Result<LeaseInfo, ClientError> {
-        let bad = |what: &str| ClientError::Server(format!("coordinator sent a malformed lease: {what}"));
-        Ok(LeaseInfo {
-            resource: resource.clone(),
-            token: Token::new(l.token).ok_or_else(|| bad("token 0"))?,
-            lease_id: LeaseId::parse_hex(&l.lease_id).map_err(|_| bad("lease_id"))?,
-            holder: Holder::new(&l.holder).map_err(|_| bad("holder"))?,
-            ttl: Duration::from_millis(l.ttl_ms),
-            expires_in: Duration::from_millis(l.expires_in_ms),
-        })
-    }
-
-    /// Acquires `resource` for `ttl`, waiting up to `wait` (zero: fail at once if busy).
-    pub async fn acquire(
-        &self,
-        resource: &ResourceId,
-        ttl: Duration,
-        holder: Option<&Holder>,
-        wait: Duration,
-    ) -> Result<LeaseInfo, ClientError> {
-        let config = LeaseConfig::new(ttl).with_wait(wait);
-        let config = match holder {
-            Some(h) => config.with_holder(h.clone()),
-            None => config,
-        };
-        self.acquire_with(resource, &config).await
-    }
-
-    /// Acquires `resource` once as `config` says (TTL, wait, holder,
-    /// lock-delay), without a keep-alive: see [`Client::lease`] for that.
-    pub async fn acquire_with(&self, resource: &ResourceId, config: &LeaseConfig) -> Result<LeaseInfo, ClientError> {
-        let req = pb::AcquireRequest {
-            resource: resource.to_string(),
-            ttl_ms: duration_ms(config.ttl()),
-            holder: config.holder().map(|h| h.to_string()).unwrap_or_default(),
-            wait_ms: duration_ms(config.wait()),
-            lock_delay_ms: duration_ms(config.lock_delay()),
-        };
-        // The coordinator may hold the call for `wait` before it answers.
-        let limit = config.wait().saturating_add(self.options.call_timeout());
-        let reply = self.call(resource, limit, self.grpc().acquire(req)).await?;
-        self.lease_info(resource, reply)
-    }
-
-    pub async fn renew(&self, resource: &ResourceId, lease_id: &LeaseId) -> Result<LeaseInfo, ClientError> {
-        let req = pb::RenewRequest {
-            resource: resource.to_string(),
-            lease_id: lease_id.to_hex(),
-        };
-        let reply = self
-            .call(resource, self.options.call_timeout(), self.grpc().renew(req))
-            .await?;
-        self.lease_info(resource, reply)
-    }
-
-    /// Releases the lease; returns its token.
-    pub async fn release(&self, resource: &ResourceId, lease_id: &LeaseId) -> Result<Token, ClientError> {
-        let req = pb::ReleaseRequest {
-            resource: resource.to_string(),
-            lease_id: lease_id.to_hex(),
-        };
-        let reply = self
-            .call(resource, self.options.call_timeout(), self.grpc().release(req))
-            .await?;
-        Token::new(reply.token).ok_or_else(|| ClientError::Server("released token 0".into()))
-    }
-
-    pub async fn status(&self, resource: &ResourceId) -> Result<StatusInfo, ClientError> {
-        let req = pb::GetRequest {
-            resource: resource.to_string(),
-        };
-        let s = self
-            .call(resource, self.options.call_timeout(), self.grpc().get(req))
-            .await?;
-        let held = match s.held {
-            None => None,
-            Some(h) => Some((
-                Holder::new(&h.holder).map_err(|_| ClientError::Server("malformed holder".into()))?,
-                Token::new(h.token).ok_or_else(|| ClientError::Server("held token 0".into()))?,
-                Duration::from_millis(h.expires_in_ms),
+        request: pb::WatchRequest,
+    ) -> Result<tonic::Streaming<pb::WatchEvent>, tonic::Status> {
+        let opened = self
+            .attempts(self.options.call_timeout(), Safety::Idempotent, |mut grpc| {
+                let request = request.clone();
+                async move { grpc.watch(request).await }
+            })
+            .await;
+        opened.map_err(|f| match f {
+            Failed::Status { status, .. } => status,
+            Failed::NoAnswer { url, limit, .. } => tonic::Status::unavailable(format!(
+                "{url}: no answer within {} ms (the call timeout)",
+                limit.as_millis()
             )),
-        };
-        Ok(StatusInfo {
-            resource: resource.clone(),
-            last_token: Token::new(s.last_token),
-            held,
-            waiters: s.waiters,
         })
     }
 }

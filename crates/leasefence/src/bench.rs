@@ -20,9 +20,10 @@ use crate::{CmdResult, Failure};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// Coordinator to measure (default: start one in-process on a temporary store).
-    #[arg(long)]
-    pub server: Option<String>,
+    /// Coordinators to measure, comma-separated as for the other commands
+    /// (default: start one in-process on a temporary store).
+    #[arg(long, value_delimiter = ',', value_parser = crate::cli::parse_server, value_name = "URL,...")]
+    pub server: Option<Vec<String>>,
     /// Comma-separated client counts.
     #[arg(long, default_value = "1,16,64", value_delimiter = ',')]
     pub clients: Vec<usize>,
@@ -43,8 +44,8 @@ pub async fn run(a: BenchArgs) -> CmdResult {
         return Err(Failure::invalid("--duration must be in 100ms..=10m"));
     }
     let dir = tempfile::tempdir()?;
-    let (url, stop) = match &a.server {
-        Some(url) => (url.clone(), None),
+    let (urls, stop) = match &a.server {
+        Some(urls) => (urls.clone(), None),
         None => {
             let config = ServerConfig::new("127.0.0.1:0".parse()?, dir.path().to_path_buf());
             let server = Server::bind(config).await?;
@@ -53,11 +54,12 @@ pub async fn run(a: BenchArgs) -> CmdResult {
             tokio::spawn(server.run(async {
                 let _ = rx.await;
             }));
-            (url, Some(tx))
+            (vec![url], Some(tx))
         }
     };
     println!(
-        "acquire+release through {url}, {} per client count",
+        "acquire+release through {}, {} per client count",
+        urls.join(","),
         humantime::format_duration(a.duration)
     );
     println!(
@@ -66,7 +68,7 @@ pub async fn run(a: BenchArgs) -> CmdResult {
     );
     let run_id = std::process::id();
     for &clients in &a.clients {
-        let (count, hist) = level(&url, clients, a.duration, run_id).await?;
+        let (count, hist) = level(&urls, clients, a.duration, run_id).await?;
         let rate = count as f64 / a.duration.as_secs_f64();
         println!(
             "{clients:>8} {rate:>12.0} {:>10} {:>10} {:>10}",
@@ -81,11 +83,16 @@ pub async fn run(a: BenchArgs) -> CmdResult {
     Ok(())
 }
 
-async fn level(url: &str, clients: usize, duration: Duration, run_id: u32) -> Result<(u64, Histogram<u64>), Failure> {
+async fn level(
+    urls: &[String],
+    clients: usize,
+    duration: Duration,
+    run_id: u32,
+) -> Result<(u64, Histogram<u64>), Failure> {
     let deadline = Instant::now() + duration;
     let mut tasks = Vec::with_capacity(clients);
     for i in 0..clients {
-        let client = Client::connect(url).await.map_err(failure)?;
+        let client = Client::connect_any(urls).await.map_err(failure)?;
         let resource = ResourceId::new(&format!("bench/{run_id}/{clients}/{i}")).map_err(Failure::invalid)?;
         tasks.push(tokio::spawn(async move {
             let mut hist = Histogram::<u64>::new(3)?;

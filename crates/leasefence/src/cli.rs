@@ -122,13 +122,37 @@ pub struct ServeArgs {
     pub advertise: Option<String>,
 }
 
+/// One entry of `--server`: an `http(s)://` coordinator URL.
+pub fn parse_server(s: &str) -> Result<String, String> {
+    let url = s.trim();
+    if url.is_empty() {
+        return Err(
+            "an empty entry; give one or more coordinator URLs separated by commas, like \
+                    http://10.0.0.1:7740,http://10.0.0.2:7740"
+                .to_string(),
+        );
+    }
+    leasefence_client::check_coordinator_url(url).map_err(|e| e.message().to_string())?;
+    Ok(url.to_string())
+}
+
 #[derive(Args, Debug)]
 pub struct ServerArg {
-    /// Coordinator URL.
-    #[arg(long, default_value = "http://127.0.0.1:7740", env = "LEASEFENCE_SERVER")]
-    pub server: String,
+    /// Coordinator URLs, comma-separated: the active one and its standbys,
+    /// in any order. Calls follow a standby's leader hint and skip
+    /// coordinators that cannot be reached.
+    #[arg(
+        long,
+        default_value = "http://127.0.0.1:7740",
+        env = "LEASEFENCE_SERVER",
+        value_delimiter = ',',
+        value_parser = parse_server,
+        value_name = "URL,..."
+    )]
+    pub server: Vec<String>,
     /// Deadline of each call to the coordinator (an acquire's --wait comes
-    /// on top); streams are kept alive with HTTP/2 pings instead.
+    /// on top), retries on other coordinators included; streams are kept
+    /// alive with HTTP/2 pings instead.
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     pub timeout: Duration,
 }
@@ -142,11 +166,17 @@ impl ServerArg {
         Ok(ClientOptions::default().with_call_timeout(self.timeout))
     }
 
-    /// Connects to `--server` with `--timeout` and keep-alive pings.
+    /// A client of the `--server` coordinators with `--timeout` and
+    /// keep-alive pings; each is connected when first used.
     pub async fn connect(&self) -> Result<Client, Failure> {
-        Client::connect_with(&self.server, self.options()?)
+        Client::connect_any_with(&self.server, self.options()?)
             .await
             .map_err(client_cmds::failure)
+    }
+
+    /// The list as `--server` and `$LEASEFENCE_SERVER` take it.
+    pub fn joined(&self) -> String {
+        self.server.join(",")
     }
 }
 

@@ -16,6 +16,10 @@
 //! `run` exits even when the coordinator is unreachable.
 //! Exit 2: invalid flags; 3: busy after `--wait`; 126/127: CMD could not be
 //! started.
+//!
+//! With several coordinators (`--server URL1,URL2,…`), the keep-alive moves to
+//! the new active coordinator after a takeover: the child keeps running as
+//! long as the takeover completes before the self-fencing deadline.
 
 use std::ffi::OsString;
 use std::process::ExitStatus;
@@ -31,7 +35,8 @@ use crate::cli::{ServerArg, parse_duration};
 use crate::client_cmds::{default_holder, failure};
 use crate::{CmdResult, Failure};
 
-/// The environment variable naming the coordinator, for the child's own calls.
+/// The environment variable naming the coordinators (comma-separated, as
+/// `--server` takes them), for the child's own calls.
 const ENV_SERVER: &str = "LEASEFENCE_SERVER";
 /// The longest default `--grace`.
 const GRACE_DEFAULT_MAX: Duration = Duration::from_secs(2);
@@ -127,7 +132,7 @@ impl ChildArgs {
 
     /// Runs the command under `lease` (see [`run_with_lease`]).
     pub(crate) async fn run_under(&self, lease: Lease, grace: Duration) -> CmdResult {
-        run_with_lease(lease, &self.server.server, &self.command, grace).await
+        run_with_lease(lease, &self.server.joined(), &self.command, grace).await
     }
 }
 

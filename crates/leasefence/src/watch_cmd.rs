@@ -7,7 +7,6 @@
 use std::time::Duration;
 
 use clap::Args;
-use leasefence_client::Client;
 use leasefence_proto::v1 as pb;
 use serde_json::json;
 use tonic::Code;
@@ -65,36 +64,40 @@ pub async fn run(a: WatchArgs) -> CmdResult {
     if !(a.prefix && a.resource.is_empty()) {
         leasefence_core::ResourceId::new(&a.resource).map_err(Failure::invalid)?;
     }
-    let options = a.server.options()?;
+    let client = a.server.connect().await?;
     let mut resume: Option<(u64, String)> = None;
     let mut seen = 0u64;
     let mut backoff = Duration::from_millis(100);
+    let mut opened_once = false;
     loop {
-        let Ok(client) = Client::connect_with(&a.server.server, options.clone()).await else {
-            if resume.is_none() {
-                return Err(Failure::new(
-                    Failure::INTERNAL,
-                    anyhow::anyhow!("cannot reach {}", a.server.server),
-                ));
-            }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(5));
-            continue;
-        };
         let req = pb::WatchRequest {
             resource: a.resource.clone(),
             prefix: a.prefix,
             after_revision: resume.as_ref().map(|r| r.0),
             coordinator_id: resume.as_ref().map(|r| r.1.clone()).unwrap_or_default(),
         };
-        let mut stream = match client.grpc().watch(req).await {
-            Ok(s) => s.into_inner(),
+        // Opening follows leader hints and skips unreachable coordinators.
+        let mut stream = match client.open_watch(req).await {
+            Ok(s) => s,
             Err(s) if s.code() == Code::InvalidArgument => return Err(Failure::invalid(s.message())),
+            // The history to resume from is gone (a restart, or another
+            // coordinator took over): say so rather than skip events.
             Err(s) if s.code() == Code::FailedPrecondition => {
                 return Err(Failure::new(Failure::INTERNAL, anyhow::anyhow!("{}", s.message())));
             }
-            Err(_) => continue,
+            Err(s) if !opened_once => {
+                return Err(Failure::new(
+                    Failure::INTERNAL,
+                    anyhow::anyhow!("cannot reach {}: {}", a.server.joined(), s.message()),
+                ));
+            }
+            Err(_) => {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
         };
+        opened_once = true;
         backoff = Duration::from_millis(100);
         while let Ok(Some(e)) = stream.message().await {
             print(&e, a.json);

@@ -6,8 +6,9 @@
 //! dropped by their position (term, then grant before end). After a dropped
 //! connection it resumes from the last revision it saw, so nothing is missed.
 //! If the coordinator no longer has that history (it restarted, or compacted
-//! it), the observer reads the state again, yields it again, and continues
-//! from now: changes in between are summarised by that state.
+//! it, or another coordinator took over), the observer reads the state
+//! again, yields it again, and continues from now: changes in between are
+//! summarised by that state.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -19,6 +20,7 @@ use tokio::sync::mpsc;
 use tokio::time::sleep;
 use tokio_stream::Stream;
 
+use crate::calls::status_error;
 use crate::{Client, ClientError, StatusInfo};
 
 /// Changes buffered for a slow consumer before the observer waits for it.
@@ -214,9 +216,13 @@ impl Observer {
     }
 
     fn classify(&self, status: tonic::Status) -> End {
-        match self.client.map(&self.name, status) {
-            e @ (ClientError::Invalid(_) | ClientError::Lease(_)) => End::Fatal(e),
-            e => End::Broken(e),
+        match status_error(&self.name, &status) {
+            Some(e @ (ClientError::Invalid(_) | ClientError::Lease(_))) => End::Fatal(e),
+            Some(e) => End::Broken(e),
+            None => End::Broken(ClientError::Transport {
+                url: self.client.active(),
+                message: status.message().to_string(),
+            }),
         }
     }
 
@@ -238,8 +244,11 @@ impl Observer {
             after_revision: self.resume.as_ref().map(|r| r.0),
             coordinator_id: self.resume.as_ref().map(|r| r.1.clone()).unwrap_or_default(),
         };
-        let mut stream = match self.client.grpc().watch(req).await {
-            Ok(s) => s.into_inner(),
+        // Opening follows leader hints and skips unreachable coordinators;
+        // a coordinator that took over has a new coordinator id, so resuming
+        // there fails as after a restart, and the observer resyncs.
+        let mut stream = match self.client.open_watch(req).await {
+            Ok(s) => s,
             Err(s) if self.resume.is_some() && s.code() == tonic::Code::FailedPrecondition => {
                 tracing::debug!(name = %self.name, reason = %s.message(), "observer resyncing");
                 return (End::Resync, false);
