@@ -117,3 +117,40 @@ async fn a_paused_leader_cannot_grant_after_a_takeover() {
         check(&history);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn run_keeps_its_child_across_a_takeover_inside_its_deadline() {
+    for (backend, url) in stores() {
+        let mut cluster = Cluster::start(&url, &prefix(backend, "run"), 2, LEADER_TTL);
+        let (active, _) = cluster.await_active(None, Duration::from_secs(10)).await;
+        let servers = cluster.urls().join(",");
+        let mut run = std::process::Command::new(common::BIN)
+            .args(["run", "ha/run", "--ttl", "10s", "--server", &servers, "--"])
+            .args(["sh", "-c", "sleep 6; echo \"done $LEASEFENCE_TOKEN\""])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn run");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        cluster.kill(active);
+        cluster
+            .await_active(Some(active), LEADER_TTL + Duration::from_secs(5))
+            .await;
+        let out = tokio::task::spawn_blocking(move || run.wait_with_output())
+            .await
+            .expect("join")
+            .expect("run");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{backend}: run lost its lease across the takeover: {stdout} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            stdout.trim(),
+            "done 1",
+            "{backend}: the child ran to its end under token 1"
+        );
+    }
+}
