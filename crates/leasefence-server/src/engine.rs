@@ -25,14 +25,14 @@ use std::time::Duration;
 
 use leasefence_core::{
     AcquireOutcome, AcquireRequest, BusyReason, Config, Coordinator, Effect, Grant, Holder, LeaseError, LeaseId,
-    MonoTime, Mutation, ReleaseCause, ResourceId, ResourceStatus, StoredResource, Token, WaiterId,
+    MonoTime, ResourceId, ResourceStatus, StoredResource, Token, WaiterId,
 };
 use leasefence_store::{Committer, Seq, StoreError};
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
 use crate::leadership::LeaderGate;
-use crate::watch::{EventKind, Filter, Hub, WatchError};
+use crate::watch::{Filter, Hub, Subscription, WatchError, event_of, publish_durable};
 use crate::{ApiError, metrics};
 
 type WaiterReply = oneshot::Sender<Result<Grant, ApiError>>;
@@ -420,57 +420,10 @@ impl Engine {
     }
 }
 
-/// A watcher's start: what it missed, then the live feed.
-pub struct Subscription {
-    pub coordinator_id: String,
-    pub backlog: Vec<Arc<crate::watch::Event>>,
-    pub live: tokio::sync::broadcast::Receiver<Arc<crate::watch::Event>>,
-}
-
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding a lock would be a bug in the core's assertions;
     // the state it guards is still the last consistent one.
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// What a watcher is told of a mutation.
-fn event_of(m: &Mutation) -> (ResourceId, EventKind, Token, Option<Holder>) {
-    match m {
-        Mutation::Grant {
-            resource,
-            token,
-            holder,
-            ..
-        } => (resource.clone(), EventKind::Granted, *token, Some(holder.clone())),
-        Mutation::Release {
-            resource, token, cause, ..
-        } => {
-            let kind = match cause {
-                ReleaseCause::Released => EventKind::Released,
-                ReleaseCause::Expired => EventKind::Expired,
-            };
-            (resource.clone(), kind, *token, None)
-        }
-    }
-}
-
-/// Publishes staged watch events as the store's watermark passes them; after
-/// a failed commit drops what will never be durable.
-async fn publish_durable(hub: Arc<Mutex<Hub>>, mut mark: tokio::sync::watch::Receiver<leasefence_store::Durable>) {
-    loop {
-        let durable = mark.borrow_and_update().clone();
-        {
-            let mut hub = lock(&hub);
-            hub.durable_through(durable.through);
-            if durable.failed.is_some() {
-                hub.discard_pending();
-                return;
-            }
-        }
-        if mark.changed().await.is_err() {
-            return;
-        }
-    }
 }
 
 /// A random id for this process's watch history.
@@ -545,26 +498,5 @@ async fn reap(engine: std::sync::Weak<Engine>) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use leasefence_store::MemoryStore;
-
-    #[tokio::test]
-    async fn subscribing_to_watch_does_not_take_the_engine_lock() {
-        let committer = Committer::start(MemoryStore::new(), 16);
-        let engine = Engine::start(Config::default(), Duration::from_secs(1), committer, Vec::new());
-        let held = engine.lock();
-        let e = engine.clone();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let filter = Filter {
-                resource: String::new(),
-                prefix: true,
-            };
-            let _ = tx.send(e.watch(&filter, None, "").is_ok());
-        });
-        let subscribed = rx.recv_timeout(Duration::from_secs(2));
-        drop(held);
-        assert_eq!(subscribed, Ok(true), "a watcher waited for the engine's lock");
-    }
-}
+#[path = "engine_tests.rs"]
+mod tests;

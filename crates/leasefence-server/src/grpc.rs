@@ -13,7 +13,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use tokio::sync::broadcast::error::RecvError;
 
-use crate::engine::Subscription;
+use crate::watch::Subscription;
 use crate::watch::{Event, EventKind, Filter, WatchError};
 use crate::{ApiError, Engine, Node, wire};
 

@@ -13,10 +13,10 @@
 //! happened in between.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use leasefence_core::{Holder, ResourceId, Token};
-use leasefence_store::Seq;
+use leasefence_core::{Holder, Mutation, ReleaseCause, ResourceId, Token};
+use leasefence_store::{Durable, Seq};
 use tokio::sync::broadcast;
 
 /// Events kept for resuming watchers.
@@ -177,6 +177,53 @@ impl Hub {
             }
         };
         Ok((backlog, self.live.subscribe()))
+    }
+}
+
+/// A watcher's start: what it missed, then the live feed.
+pub struct Subscription {
+    pub coordinator_id: String,
+    pub backlog: Vec<Arc<Event>>,
+    pub live: broadcast::Receiver<Arc<Event>>,
+}
+
+/// What a watcher is told of a mutation.
+pub(crate) fn event_of(m: &Mutation) -> (ResourceId, EventKind, Token, Option<Holder>) {
+    match m {
+        Mutation::Grant {
+            resource,
+            token,
+            holder,
+            ..
+        } => (resource.clone(), EventKind::Granted, *token, Some(holder.clone())),
+        Mutation::Release {
+            resource, token, cause, ..
+        } => {
+            let kind = match cause {
+                ReleaseCause::Released => EventKind::Released,
+                ReleaseCause::Expired => EventKind::Expired,
+            };
+            (resource.clone(), kind, *token, None)
+        }
+    }
+}
+
+/// Publishes staged watch events as the store's watermark passes them; after
+/// a failed commit drops what will never be durable.
+pub(crate) async fn publish_durable(hub: Arc<Mutex<Hub>>, mut mark: tokio::sync::watch::Receiver<Durable>) {
+    loop {
+        let durable = mark.borrow_and_update().clone();
+        {
+            let mut hub = hub.lock().unwrap_or_else(|e| e.into_inner());
+            hub.durable_through(durable.through);
+            if durable.failed.is_some() {
+                hub.discard_pending();
+                return;
+            }
+        }
+        if mark.changed().await.is_err() {
+            return;
+        }
     }
 }
 
