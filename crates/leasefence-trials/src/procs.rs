@@ -43,9 +43,16 @@ impl Coordinator {
     /// Starts `serve --listen 127.0.0.1:0 --data-dir DIR` and reads its port
     /// from the line `leasefence listening on ADDR …`.
     pub async fn start(bin: &Path, data_dir: &Path) -> anyhow::Result<Coordinator> {
+        let mut args = vec!["--listen".into(), "127.0.0.1:0".into(), "--data-dir".into()];
+        args.push(data_dir.as_os_str().to_owned());
+        Coordinator::start_with(bin, &args).await
+    }
+
+    /// Starts `serve ARGS…` and reads its address from its first line.
+    pub async fn start_with(bin: &Path, args: &[std::ffi::OsString]) -> anyhow::Result<Coordinator> {
         let mut child = Command::new(bin)
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(data_dir)
+            .arg("serve")
+            .args(args)
             .env("LEASEFENCE_LOG", "error")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -69,6 +76,11 @@ impl Coordinator {
             _stdout: stdout,
             url,
         })
+    }
+
+    /// The process id, while the child has not been reaped.
+    pub fn pid(&self) -> anyhow::Result<u32> {
+        self.child.id().context("the coordinator has already been reaped")
     }
 
     /// SIGKILL, and reap: no shutdown path of the coordinator runs.
