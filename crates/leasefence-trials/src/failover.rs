@@ -179,7 +179,10 @@ async fn fault_loop(a: &FailoverArgs, run: &mut Run) -> anyhow::Result<Outcome> 
         .context("the first leader")?;
     tally.last_takeover = Some((first, start));
     for trial in 0..a.trials {
-        tokio::time::sleep(Duration::from_millis(rng.between(100, 300))).await;
+        // Kill trials leave the new leader little time otherwise: the
+        // takeover is most of a trial.
+        let (lo, hi) = if a.pause { (100, 300) } else { (300, 700) };
+        tokio::time::sleep(Duration::from_millis(rng.between(lo, hi))).await;
         let (active, epoch, _) = run.cluster.await_active(None, Instant::now(), START_LIMIT).await?;
         let done = if a.pause {
             failover_trial::pause(run, active, epoch, &mut tally).await
@@ -255,15 +258,17 @@ fn figures(
         ),
     ];
     if a.pause {
-        let f = t.in_flight;
+        let f = &t.in_flight;
+        let other: Vec<String> = f.other.iter().map(|(code, n)| format!("{n} × {code}")).collect();
         out.push(format!(
-            "paused leaders: {} woke and stepped down (slowest {} ms); requests in flight when they woke: {} granted, {} not_leader, {} unavailable, {} other, {} unanswered",
+            "paused leaders: {} woke and stepped down (slowest {} ms); requests in flight when they woke: {} granted, {} not_leader, {} unavailable, {} other ({}), {} unanswered",
             t.woken,
             ms(t.slowest_step_down),
             f.granted,
             f.not_leader,
             f.unavailable,
-            f.other,
+            f.other.values().sum::<u64>(),
+            if other.is_empty() { "none".to_string() } else { other.join(", ") },
             f.unanswered
         ));
     }
@@ -286,6 +291,15 @@ fn figures(
         (Some(_), false) => "store rows: read directly with --pause only".to_string(),
         (None, _) => "store rows: not read (the direct check reads PostgreSQL only)".to_string(),
     });
+    let log = run.cluster.log.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let (c, rest) = failover_check::commit_failures(&log);
+    for line in rest.iter().take(10) {
+        eprintln!("coordinator: {line}");
+    }
+    out.push(format!(
+        "failed commits the coordinators logged: {} refused by the epoch check, {} cut off mid-batch, {} other",
+        c.deposed, c.cut_off, c.other
+    ));
     out.push(format!("{} trials failed to complete", failures.count()));
     out
 }

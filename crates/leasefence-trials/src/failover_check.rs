@@ -139,6 +139,35 @@ pub fn deposed_writes(at_stop: &BTreeSet<Row>, after_step_down: &BTreeSet<Row>) 
         .collect()
 }
 
+/// The commits the coordinators logged as failed: refused by the epoch
+/// check, cut off mid-batch (the engine ended the session of a stopped
+/// leader), and any other failure.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CommitFailures {
+    pub deposed: u64,
+    pub cut_off: u64,
+    pub other: u64,
+}
+
+/// Sorts the coordinators' error lines; the lines that are not a failed
+/// commit are returned for the operator to read.
+pub fn commit_failures(log: &[String]) -> (CommitFailures, Vec<&str>) {
+    let mut f = CommitFailures::default();
+    let mut rest = Vec::new();
+    for line in log {
+        if !line.contains("store commit failed") {
+            rest.push(line.as_str());
+        } else if line.contains("error=deposed") {
+            f.deposed += 1;
+        } else if line.contains("connection closed") {
+            f.cut_off += 1;
+        } else {
+            f.other += 1;
+        }
+    }
+    (f, rest)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -222,5 +251,27 @@ mod tests {
         // "b" rewritten and "c" created under the old epoch: two writes.
         let after = BTreeSet::from([row("a", 1), row("b", 2), row("c", 1)]);
         assert_eq!(deposed_writes(&at_stop, &after), vec!["b".to_string(), "c".to_string()]);
+    }
+
+    #[test]
+    fn failed_commits_in_the_coordinators_log_are_sorted() {
+        let log: Vec<String> = [
+            "T ERROR leasefence_store::committer: store commit failed; refusing further writes until restart error=deposed: epoch 2 is no longer current (the shard's epoch is 3)",
+            "T ERROR leasefence_store::committer: store commit failed; refusing further writes until restart error=store engine unavailable: PostgreSQL: connection closed (while committing)",
+            "T ERROR leasefence_store::committer: store commit failed; error=corrupt",
+            "T ERROR something else",
+        ]
+        .map(String::from)
+        .to_vec();
+        let (f, rest) = commit_failures(&log);
+        assert_eq!(
+            f,
+            CommitFailures {
+                deposed: 1,
+                cut_off: 1,
+                other: 1
+            }
+        );
+        assert_eq!(rest, vec!["T ERROR something else"]);
     }
 }

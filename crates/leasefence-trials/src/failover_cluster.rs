@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 
 use crate::failover_http::{Answer, Http, active_epoch};
-use crate::procs::Coordinator;
+use crate::procs::{Coordinator, Log};
 
 /// How long one health probe may take: a stopped coordinator never answers.
 const PROBE_LIMIT: Duration = Duration::from_millis(300);
@@ -31,6 +31,8 @@ pub struct Cluster {
     ports: Vec<u16>,
     nodes: Vec<Option<Coordinator>>,
     probe: Http,
+    /// Every coordinator's error log, in one.
+    pub log: Log,
 }
 
 /// A loopback port free right now (bound, then released for the child).
@@ -46,6 +48,7 @@ impl Cluster {
             ports: (0..n).map(|_| free_port()).collect::<anyhow::Result<_>>()?,
             nodes: (0..n).map(|_| None).collect(),
             probe: Http::new(PROBE_LIMIT)?,
+            log: Log::default(),
         };
         for i in 0..n {
             c.spawn(i).await?;
@@ -83,7 +86,7 @@ impl Cluster {
         .into_iter()
         .map(OsString::from)
         .collect();
-        let c = Coordinator::start_with(&s.bin, &args)
+        let c = Coordinator::start_with(&s.bin, &args, Some(self.log.clone()))
             .await
             .with_context(|| format!("cannot start coordinator {i} on port {}", self.ports[i]))?;
         self.nodes[i] = Some(c);

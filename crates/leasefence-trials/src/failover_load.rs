@@ -46,12 +46,13 @@ impl Shared {
 }
 
 /// The answers a stopped leader gave the requests in flight when it woke.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct InFlight {
     pub granted: u64,
     pub not_leader: u64,
     pub unavailable: u64,
-    pub other: u64,
+    /// Other refusals, by HTTP status.
+    pub other: std::collections::BTreeMap<u16, u64>,
     pub unanswered: u64,
 }
 
@@ -60,7 +61,9 @@ impl InFlight {
         self.granted += o.granted;
         self.not_leader += o.not_leader;
         self.unavailable += o.unavailable;
-        self.other += o.other;
+        for (code, n) in o.other {
+            *self.other.entry(code).or_default() += n;
+        }
         self.unanswered += o.unanswered;
     }
 }
@@ -145,7 +148,9 @@ impl Load {
                         }
                         Answer::NotLeader { .. } => o.not_leader = 1,
                         Answer::Unavailable => o.unavailable = 1,
-                        Answer::Refused(_) => o.other = 1,
+                        Answer::Refused(code) => {
+                            o.other.insert(code, 1);
+                        }
                         Answer::Unanswered => o.unanswered = 1,
                     }
                     o
