@@ -7,14 +7,25 @@
 //! - `crash`: the coordinator SIGKILLed under concurrent grants and
 //!   restarted, again and again, on one data dir; no acknowledged token may
 //!   be reused or forgotten.
+//! - `failover`: several coordinators on one shared store, the active one
+//!   SIGKILLed (or SIGSTOPped past its leader TTL and resumed) again and
+//!   again; no acknowledged token may be reused or forgotten, a standby must
+//!   take over in time, and a deposed leader must write nothing.
 //!
-//! Both end with `N trials, S stale effects, R token reuse, L acknowledged
+//! All end with `N trials, S stale effects, R token reuse, L acknowledged
 //! grants lost` and exit 0 only when all three are 0 and every trial ran
 //! (see [`report`] for the exit codes).
 
 mod client_cmd;
 mod crash;
 mod crash_check;
+mod failover;
+mod failover_check;
+mod failover_cluster;
+mod failover_db;
+mod failover_http;
+mod failover_load;
+mod failover_trial;
 mod pause;
 mod pause_check;
 mod pause_db;
@@ -28,7 +39,7 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "leasefence-trials",
     version,
-    about = "Real-process trials of leasefence: pause and crash"
+    about = "Real-process trials of leasefence: pause, crash and failover"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -41,6 +52,8 @@ enum Cmd {
     Pause(pause::PauseArgs),
     /// SIGKILL of the coordinator under concurrent grants, then restart.
     Crash(crash::CrashArgs),
+    /// Several coordinators on one shared store; the active one SIGKILLed or SIGSTOPped.
+    Failover(failover::FailoverArgs),
     /// One trial client (spawned by `pause`).
     #[command(hide = true)]
     Client(client_cmd::ClientArgs),
@@ -58,6 +71,7 @@ fn main() {
             match cli.command {
                 Cmd::Pause(a) => pause::run(a).await,
                 Cmd::Crash(a) => crash::run(a).await,
+                Cmd::Failover(a) => failover::run(a).await,
                 Cmd::Client(a) => client_cmd::run(a).await,
             }
         }),

@@ -31,6 +31,9 @@ pub fn coordinator_bin(explicit: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     Ok(bin)
 }
 
+/// Lines a coordinator wrote to stderr.
+pub type Log = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
 /// A running `leasefence serve` on a loopback port; SIGKILLed on drop.
 pub struct Coordinator {
     child: Child,
@@ -43,16 +46,37 @@ impl Coordinator {
     /// Starts `serve --listen 127.0.0.1:0 --data-dir DIR` and reads its port
     /// from the line `leasefence listening on ADDR …`.
     pub async fn start(bin: &Path, data_dir: &Path) -> anyhow::Result<Coordinator> {
+        let mut args = vec!["--listen".into(), "127.0.0.1:0".into(), "--data-dir".into()];
+        args.push(data_dir.as_os_str().to_owned());
+        Coordinator::start_with(bin, &args, None).await
+    }
+
+    /// Starts `serve ARGS…` and reads its address from its first line. Its
+    /// error log goes to `log` when given (to stderr otherwise).
+    pub async fn start_with(bin: &Path, args: &[std::ffi::OsString], log: Option<Log>) -> anyhow::Result<Coordinator> {
         let mut child = Command::new(bin)
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(data_dir)
+            .arg("serve")
+            .args(args)
             .env("LEASEFENCE_LOG", "error")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(if log.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::inherit()
+            })
             .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("cannot start {} serve", bin.display()))?;
+        if let (Some(log), Some(stderr)) = (log, child.stderr.take()) {
+            // Ends at EOF, when the child is gone.
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(stderr).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    log.lock().unwrap_or_else(|p| p.into_inner()).push(line);
+                }
+            });
+        }
         let mut stdout = BufReader::new(child.stdout.take().context("serve's stdout is not piped")?);
         let mut line = String::new();
         tokio::time::timeout(START_LIMIT, stdout.read_line(&mut line))
@@ -69,6 +93,11 @@ impl Coordinator {
             _stdout: stdout,
             url,
         })
+    }
+
+    /// The process id, while the child has not been reaped.
+    pub fn pid(&self) -> anyhow::Result<u32> {
+        self.child.id().context("the coordinator has already been reaped")
     }
 
     /// SIGKILL, and reap: no shutdown path of the coordinator runs.

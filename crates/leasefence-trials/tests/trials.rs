@@ -1,4 +1,4 @@
-//! Runs both trial kinds through the real binaries: this crate's
+//! Runs every trial kind through the real binaries: this crate's
 //! `leasefence-trials` (`CARGO_BIN_EXE_leasefence-trials`) and the
 //! `leasefence` coordinator next to it.
 //!
@@ -8,8 +8,8 @@
 //! when it is missing, the test runs `cargo build -p leasefence` (with
 //! `--release` for a release test build) once and looks again.
 //!
-//! The pause trials need PostgreSQL: `LEASEFENCE_TEST_POSTGRES_URL`. Unset,
-//! the test fails under `CI=true` and is skipped otherwise.
+//! The pause and failover trials need PostgreSQL: `LEASEFENCE_TEST_POSTGRES_URL`.
+//! Unset, the test fails under `CI=true` and is skipped otherwise.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -64,7 +64,7 @@ fn postgres_url() -> Option<String> {
         _ => {
             assert!(
                 std::env::var("CI").as_deref() != Ok("true"),
-                "CI=true needs LEASEFENCE_TEST_POSTGRES_URL for the pause trials"
+                "CI=true needs LEASEFENCE_TEST_POSTGRES_URL for the pause and failover trials"
             );
             eprintln!("skipped: LEASEFENCE_TEST_POSTGRES_URL not set");
             None
@@ -145,4 +145,88 @@ fn a_missing_coordinator_binary_is_a_clear_error() {
         stderr.contains("the leasefence binary is missing at /nonexistent/leasefence"),
         "{stderr}"
     );
+}
+
+/// The number in `line` right before `what` (`"12 rows"` → 12).
+fn count_before(stdout: &str, what: &str) -> u64 {
+    let at = stdout.find(what).unwrap_or_else(|| panic!("no {what:?} in {stdout}"));
+    let digits: String = stdout[..at]
+        .trim_end()
+        .chars()
+        .rev()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.chars().rev().collect::<String>().parse().expect("a count")
+}
+
+#[test]
+fn failover_trials_kill_the_leader_and_lose_nothing() {
+    let Some(url) = postgres_url() else { return };
+    let (code, stdout) = trials(&["failover", "--store", &url, "--trials", "3"]);
+    assert_eq!(
+        last_line(&stdout),
+        "3 trials, 0 stale effects, 0 token reuse, 0 acknowledged grants lost"
+    );
+    assert!(stdout.contains("takeovers: 3, slowest "), "{stdout}");
+    assert!(stdout.contains("(bound 3000 ms, 0 slower)"), "{stdout}");
+    assert!(stdout.contains("0 trials failed to complete"), "{stdout}");
+    // Every coordinator was asked: standbys answered with hints.
+    assert!(count_before(&stdout, "not-leader hints followed") > 0, "{stdout}");
+    assert!(count_before(&stdout, "acknowledged grants (") > 0, "{stdout}");
+    assert_eq!(code, 0);
+}
+
+#[test]
+fn failover_trials_pause_the_leader_and_it_writes_nothing_after() {
+    let Some(url) = postgres_url() else { return };
+    let (code, stdout) = trials(&["failover", "--store", &url, "--trials", "3", "--pause"]);
+    assert_eq!(
+        last_line(&stdout),
+        "3 trials, 0 stale effects, 0 token reuse, 0 acknowledged grants lost"
+    );
+    assert!(stdout.contains("paused leaders: 3 woke and stepped down"), "{stdout}");
+    // The woken leaders were sent requests while stopped, and granted none.
+    assert!(
+        stdout.contains("requests in flight when they woke: 0 granted"),
+        "{stdout}"
+    );
+    assert!(
+        count_before(&stdout, "under a paused leader's epoch at its stop") > 0,
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(" 0 written under that epoch after it was deposed"),
+        "{stdout}"
+    );
+    assert_eq!(code, 0);
+}
+
+#[test]
+fn failover_arguments_are_checked_before_anything_starts() {
+    let cases: [(&[&str], &str); 4] = [
+        (&["--store", "redis://127.0.0.1:6379"], "--store must be postgres://"),
+        (
+            &["--store", "postgres://127.0.0.1:1/x", "--coordinators", "1"],
+            "--coordinators",
+        ),
+        (
+            &["--store", "postgres://127.0.0.1:1/x", "--leader-ttl", "10ms"],
+            "allowed: 300ms..=60s",
+        ),
+        (
+            &["--store", "postgres://127.0.0.1:1/x", "--store-prefix", "a;b"],
+            "is not a PostgreSQL store schema name",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = Command::new(TRIALS_BIN)
+            .arg("failover")
+            .args(args)
+            .args(["--bin", "/bin/true"])
+            .output()
+            .expect("run leasefence-trials");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+    }
 }
