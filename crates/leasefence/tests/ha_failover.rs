@@ -124,7 +124,7 @@ async fn run_keeps_its_child_across_a_takeover_inside_its_deadline() {
         let mut cluster = Cluster::start(&url, &prefix(backend, "run"), 2, LEADER_TTL);
         let (active, _) = cluster.await_active(None, Duration::from_secs(10)).await;
         let servers = cluster.urls().join(",");
-        let mut run = std::process::Command::new(common::BIN)
+        let run = std::process::Command::new(common::BIN)
             .args(["run", "ha/run", "--ttl", "10s", "--server", &servers, "--"])
             .args(["sh", "-c", "sleep 6; echo \"done $LEASEFENCE_TOKEN\""])
             .stdout(std::process::Stdio::piped())
