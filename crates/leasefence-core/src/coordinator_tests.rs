@@ -1,29 +1,30 @@
-//! Exact-outcome tests of the lease machine.
+//! Exact-outcome tests of the lease machine, and the helpers the other
+//! machine tests share.
 
 use super::*;
 use crate::{BusyReason, StoredLease};
 
-fn r(s: &str) -> ResourceId {
+pub(super) fn r(s: &str) -> ResourceId {
     ResourceId::new(s).expect("valid resource")
 }
 
-fn h(s: &str) -> Holder {
+pub(super) fn h(s: &str) -> Holder {
     Holder::new(s).expect("valid holder")
 }
 
-fn at(ms: u64) -> MonoTime {
+pub(super) fn at(ms: u64) -> MonoTime {
     MonoTime::from_millis(ms)
 }
 
-fn id(n: u8) -> LeaseId {
+pub(super) fn id(n: u8) -> LeaseId {
     LeaseId::from_bytes([n; 16])
 }
 
-fn tok(v: u64) -> Token {
+pub(super) fn tok(v: u64) -> Token {
     Token::new(v).expect("non-zero")
 }
 
-fn req(res: &str, holder: &str, lease: u8, wait: bool) -> AcquireRequest {
+pub(super) fn req(res: &str, holder: &str, lease: u8, wait: bool) -> AcquireRequest {
     AcquireRequest {
         resource: r(res),
         holder: h(holder),
@@ -34,7 +35,7 @@ fn req(res: &str, holder: &str, lease: u8, wait: bool) -> AcquireRequest {
     }
 }
 
-fn granted(o: Result<AcquireOutcome, LeaseError>) -> Grant {
+pub(super) fn granted(o: Result<AcquireOutcome, LeaseError>) -> Grant {
     match o {
         Ok(AcquireOutcome::Granted(g)) => g,
         other => panic!("expected a grant, got {other:?}"),

@@ -2,45 +2,19 @@
 //! resource stays closed for the lease's delay, waiters stay queued through it,
 //! and a restart counts a recorded delay in full again.
 
+use super::tests::{at, granted, h, r, tok};
 use super::*;
 use crate::{BusyReason, StoredLease, StoredLockDelay};
-
-fn r(s: &str) -> ResourceId {
-    ResourceId::new(s).expect("valid resource")
-}
-
-fn h(s: &str) -> Holder {
-    Holder::new(s).expect("valid holder")
-}
-
-fn at(ms: u64) -> MonoTime {
-    MonoTime::from_millis(ms)
-}
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-fn tok(v: u64) -> Token {
-    Token::new(v).expect("non-zero")
-}
-
 /// An acquire of `res` for 1 s with a lock-delay of `delay_ms`.
 fn req(res: &str, holder: &str, lease: u8, wait: bool, delay_ms: u64) -> AcquireRequest {
     AcquireRequest {
-        resource: r(res),
-        holder: h(holder),
-        ttl: ms(1000),
-        lease_id: LeaseId::from_bytes([lease; 16]),
-        wait,
         lock_delay: ms(delay_ms),
-    }
-}
-
-fn granted(o: Result<AcquireOutcome, LeaseError>) -> Grant {
-    match o {
-        Ok(AcquireOutcome::Granted(g)) => g,
-        other => panic!("expected a grant, got {other:?}"),
+        ..super::tests::req(res, holder, lease, wait)
     }
 }
 
