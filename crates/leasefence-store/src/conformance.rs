@@ -26,7 +26,9 @@ fn tok(v: u64) -> Token {
     Token::new(v).expect("suite uses non-zero tokens")
 }
 
-fn grant(r: &str, t: u64, id: u8) -> Mutation {
+/// A grant of token `t` on resource `r` under the lease id `[id; 16]` (for
+/// the suites and the backends' own tests).
+pub fn grant(r: &str, t: u64, id: u8) -> Mutation {
     grant_with_delay(r, t, id, Duration::ZERO)
 }
 

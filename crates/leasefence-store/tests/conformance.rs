@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use leasefence_core::{Holder, LeaseId, Mutation, ResourceId, Token};
+use leasefence_store::conformance::grant;
 use leasefence_store::{Committer, EmbeddedStore, LeaseStore, MemoryShared, MemoryStore, StoreError, conformance};
 
 #[test]
@@ -17,24 +17,13 @@ fn embedded_store_passes_the_suite() {
     conformance::run_all(|| EmbeddedStore::open_dir(dir.path()).expect("open"));
 }
 
-fn grant(r: &str, t: u64) -> Mutation {
-    Mutation::Grant {
-        resource: ResourceId::new(r).expect("valid"),
-        token: Token::new(t).expect("non-zero"),
-        lease_id: LeaseId::from_bytes([1; 16]),
-        holder: Holder::new("t").expect("valid"),
-        ttl: Duration::from_secs(1),
-        lock_delay: Duration::ZERO,
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn committer_group_commits_concurrent_grants_and_all_are_durable() {
     let dir = tempfile::tempdir().expect("tempdir");
     let committer = Committer::start(EmbeddedStore::open_dir(dir.path()).expect("open"), 1024);
     let mut waits = Vec::new();
     for i in 1..=2000u64 {
-        waits.push(committer.submit(grant(&format!("g/{}", i % 50), i)));
+        waits.push(committer.submit(grant(&format!("g/{}", i % 50), i, 1)));
     }
     for w in waits {
         committer.durable(w).await.expect("durable");
@@ -69,13 +58,13 @@ async fn committer_group_commits_concurrent_grants_and_all_are_durable() {
 #[tokio::test]
 async fn committer_poisons_after_a_failed_commit() {
     let committer = Committer::start(MemoryStore::new(), 16);
-    let first = committer.submit(grant("p", 5));
+    let first = committer.submit(grant("p", 5, 1));
     committer.durable(first).await.expect("ok");
-    let regress = committer.submit(grant("p", 5));
+    let regress = committer.submit(grant("p", 5, 1));
     let err = committer.durable(regress).await;
     assert!(matches!(err, Err(StoreError::TokenRegression { .. })), "{err:?}");
     assert_eq!(committer.failure(), err.err());
-    let after = committer.submit(grant("q", 1));
+    let after = committer.submit(grant("q", 1, 1));
     assert_eq!(committer.durable(after).await, Err(StoreError::Poisoned));
     // What was durable before the failure stays so.
     assert_eq!(committer.durable(first).await, Ok(()));

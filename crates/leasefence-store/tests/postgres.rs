@@ -9,19 +9,8 @@ use std::time::{Duration, Instant};
 
 use common::pg::{TestSchema, through, upstream, url};
 use common::proxy::Proxy;
-use leasefence_core::{Holder, LeaseId, Mutation, ResourceId, Token};
+use leasefence_store::conformance::grant;
 use leasefence_store::{Committer, LeaseStore, PostgresConfig, PostgresShared, SharedStore, StoreError, conformance};
-
-fn grant(r: &str, t: u64) -> Mutation {
-    Mutation::Grant {
-        resource: ResourceId::new(r).expect("valid"),
-        token: Token::new(t).expect("non-zero"),
-        lease_id: LeaseId::from_bytes([1; 16]),
-        holder: Holder::new("t").expect("valid"),
-        ttl: Duration::from_secs(1),
-        lock_delay: Duration::ZERO,
-    }
-}
 
 fn tokens(w: &mut impl LeaseStore) -> Vec<(String, u64)> {
     let mut all: Vec<_> = w
@@ -65,7 +54,7 @@ fn rows_carry_the_shard_and_the_epoch_that_wrote_them() {
         .expect("wins");
     a.writer(first)
         .expect("writer")
-        .apply(&[grant("r/1", 1), grant("r/2", 1)])
+        .apply(&[grant("r/1", 1, 1), grant("r/2", 1, 1)])
         .expect("apply");
     a.resign(first).expect("resign");
     let second = b
@@ -74,7 +63,7 @@ fn rows_carry_the_shard_and_the_epoch_that_wrote_them() {
         .expect("wins");
     b.writer(second)
         .expect("writer")
-        .apply(&[grant("r/2", 2)])
+        .apply(&[grant("r/2", 2, 1)])
         .expect("apply");
     let q = |what: &str| {
         schema.column(&format!(
@@ -186,7 +175,7 @@ fn an_engine_that_goes_away_is_unavailable_until_it_returns() {
         .expect("campaign")
         .expect("wins");
     let mut w = store.writer(epoch).expect("writer");
-    w.apply(&[grant("u/1", 1)]).expect("apply");
+    w.apply(&[grant("u/1", 1, 1)]).expect("apply");
 
     proxy.cut();
     let unavailable = |r: Result<(), StoreError>, what: &str| {
@@ -197,7 +186,7 @@ fn an_engine_that_goes_away_is_unavailable_until_it_returns() {
     };
     unavailable(store.leader().map(drop), "leader");
     unavailable(store.renew(epoch, Duration::from_secs(60)), "renew");
-    unavailable(w.apply(&[grant("u/1", 2)]), "apply");
+    unavailable(w.apply(&[grant("u/1", 2, 1)]), "apply");
     unavailable(w.load().map(drop), "load");
     unavailable(PostgresShared::open(config.clone()).map(drop), "open");
 
@@ -205,7 +194,7 @@ fn an_engine_that_goes_away_is_unavailable_until_it_returns() {
     proxy.hold();
     let began = Instant::now();
     unavailable(store.leader().map(drop), "leader with the engine hanging");
-    unavailable(w.apply(&[grant("u/1", 2)]), "apply with the engine hanging");
+    unavailable(w.apply(&[grant("u/1", 2, 1)]), "apply with the engine hanging");
     assert!(
         began.elapsed() < Duration::from_secs(20),
         "calls are bounded by the call timeout"
@@ -214,7 +203,7 @@ fn an_engine_that_goes_away_is_unavailable_until_it_returns() {
     proxy.restore();
     let leader = store.leader().expect("the store reconnects by itself").map(|l| l.epoch);
     assert_eq!(leader, Some(epoch));
-    w.apply(&[grant("u/1", 2)]).expect("the writer reconnects by itself");
+    w.apply(&[grant("u/1", 2, 1)]).expect("the writer reconnects by itself");
     assert_eq!(tokens(&mut w), [("u/1".to_string(), 2)]);
 }
 
@@ -230,13 +219,13 @@ fn a_connection_the_server_ends_is_replaced_on_the_next_call() {
         .expect("campaign")
         .expect("wins");
     let mut w = store.writer(epoch).expect("writer");
-    w.apply(&[grant("k/1", 1)]).expect("apply");
+    w.apply(&[grant("k/1", 1, 1)]).expect("apply");
     let ended = schema.column(&format!(
         "SELECT pg_terminate_backend(pid)::text FROM pg_stat_activity WHERE application_name = '{app}'"
     ));
     assert_eq!(ended, ["true", "true"], "the leadership's and the writer's connections");
     assert_eq!(store.leader().expect("leader").map(|l| l.epoch), Some(epoch));
-    w.apply(&[grant("k/1", 2)]).expect("apply on a new connection");
+    w.apply(&[grant("k/1", 2, 1)]).expect("apply on a new connection");
     assert_eq!(tokens(&mut w), [("k/1".to_string(), 2)]);
 }
 
@@ -267,7 +256,7 @@ async fn blocking_threads_committer_and_async_drop(config: PostgresConfig) {
     let writer = store.writer(epoch).expect("writer (no I/O)");
     let committer = Committer::start(writer, 64);
     let seqs: Vec<_> = (1..=200u64)
-        .map(|i| committer.submit(grant(&format!("c/{}", i % 10), i)))
+        .map(|i| committer.submit(grant(&format!("c/{}", i % 10), i, 1)))
         .collect();
     for s in seqs {
         committer.durable(s).await.expect("durable");

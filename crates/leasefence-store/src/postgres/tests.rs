@@ -7,10 +7,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
-use leasefence_core::{Holder, LeaseId, Mutation, ResourceId, Token};
-
 use super::conn::BATCH_IDLE_MAX;
 use super::{PostgresConfig, PostgresShared, PostgresWriter};
+use crate::conformance::grant;
 use crate::shared::{Epoch, SharedStore};
 use crate::{LeaseStore, StoreError};
 
@@ -71,17 +70,6 @@ impl Drop for TestSchema {
     }
 }
 
-fn grant(r: &str, t: u64) -> Mutation {
-    Mutation::Grant {
-        resource: ResourceId::new(r).expect("valid"),
-        token: Token::new(t).expect("non-zero"),
-        lease_id: LeaseId::from_bytes([1; 16]),
-        holder: Holder::new("t").expect("valid"),
-        ttl: Duration::from_secs(1),
-        lock_delay: Duration::ZERO,
-    }
-}
-
 fn held(w: &mut PostgresWriter, r: &str) -> Option<u64> {
     let all = w.load().expect("load");
     all.into_iter()
@@ -128,7 +116,7 @@ fn a_campaign_waits_for_a_batch_in_flight_and_its_load_sees_it() {
         flag.store(true, Ordering::SeqCst);
     }));
     std::thread::scope(|scope| {
-        let writing = scope.spawn(|| w.apply(&[grant("p/inflight", 1)]));
+        let writing = scope.spawn(|| w.apply(&[grant("p/inflight", 1, 1)]));
         locked.recv().expect("the batch reached its pause");
         let (new, _) = take_over(&b);
         assert!(
@@ -160,7 +148,7 @@ fn a_leader_paused_mid_batch_writes_nothing_and_does_not_hold_up_the_takeover() 
         .expect("campaign")
         .expect("wins");
     let mut w = a.writer(old).expect("writer");
-    w.apply(&[grant("p/paused", 1)]).expect("the leader writes");
+    w.apply(&[grant("p/paused", 1, 1)]).expect("the leader writes");
     let (locked_tx, locked) = mpsc::channel();
     let (wake_tx, wake) = mpsc::channel::<()>();
     let wake = std::sync::Mutex::new(wake);
@@ -169,7 +157,7 @@ fn a_leader_paused_mid_batch_writes_nothing_and_does_not_hold_up_the_takeover() 
         let _ = wake.lock().map(|w| w.recv_timeout(Duration::from_secs(12)));
     }));
     std::thread::scope(|scope| {
-        let writing = scope.spawn(|| w.apply(&[grant("p/paused", 2)]));
+        let writing = scope.spawn(|| w.apply(&[grant("p/paused", 2, 1)]));
         let paused_at = locked.recv().expect("the batch reached its pause");
         let (new, won_at) = take_over(&b);
         let waited = won_at - paused_at;
@@ -178,7 +166,7 @@ fn a_leader_paused_mid_batch_writes_nothing_and_does_not_hold_up_the_takeover() 
             "the takeover waited {waited:?} for a paused leader (idle bound {BATCH_IDLE_MAX:?})"
         );
         let mut nw = b.writer(new).expect("writer");
-        nw.apply(&[grant("p/paused", 5)]).expect("the new leader writes");
+        nw.apply(&[grant("p/paused", 5, 1)]).expect("the new leader writes");
         let _ = wake_tx.send(());
         let woke = writing.join().expect("writer");
         assert!(
@@ -187,7 +175,7 @@ fn a_leader_paused_mid_batch_writes_nothing_and_does_not_hold_up_the_takeover() 
         );
         assert_eq!(held(&mut nw, "p/paused"), Some(5), "nothing of the paused batch landed");
     });
-    let next = w.apply(&[grant("p/paused", 6)]);
+    let next = w.apply(&[grant("p/paused", 6, 1)]);
     assert_eq!(
         next,
         Err(StoreError::Deposed {
