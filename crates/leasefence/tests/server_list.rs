@@ -72,13 +72,16 @@ async fn run_keeps_its_child_while_the_keep_alive_moves_to_the_coordinator_a_hin
     })
     .await;
     let list = format!("{},{}", cut.url, standby.url);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let started = dir.path().join("started");
     let child = tokio::process::Command::new(BIN)
         .args(["run", "jobs/move", "--ttl", "2s", "--server", &list, "--"])
         .args([
             "sh",
             "-c",
-            r#"sleep 5; echo "done $LEASEFENCE_TOKEN $LEASEFENCE_SERVER""#,
+            r#"touch "$STARTED"; sleep 5; echo "done $LEASEFENCE_TOKEN $LEASEFENCE_SERVER""#,
         ])
+        .env("STARTED", &started)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
@@ -86,9 +89,11 @@ async fn run_keeps_its_child_while_the_keep_alive_moves_to_the_coordinator_a_hin
         .expect("spawn leasefence run");
     let r = ResourceId::new("jobs/move").expect("valid");
     let direct = Client::connect(&leader.url).await.expect("connect");
+    // Cut only once run has its grant: the child starts after the answer
+    // arrived (a grant seen in status may still be on its way back to run).
     let start = Instant::now();
-    while direct.status(&r).await.expect("status").held.is_none() {
-        assert!(start.elapsed() < Duration::from_secs(10), "run never acquired");
+    while !started.exists() {
+        assert!(start.elapsed() < Duration::from_secs(10), "run never started its child");
         sleep(Duration::from_millis(20)).await;
     }
     cut.cut();
