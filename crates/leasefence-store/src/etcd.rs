@@ -19,7 +19,8 @@
 //!
 //! Keys, under `{prefix}shard/{shard}/`: `epoch` (the last epoch, decimal),
 //! `leader` (`{epoch}\n{advertised URL}`, bound to the leader's lease) and
-//! `r/{resource}` (the record, in the store's record codec).
+//! `r/{resource}` (the epoch that wrote the record, then the record in the
+//! store's record codec: see `keys`).
 //!
 //! Calls go to one member until it fails as unavailable, then to the next;
 //! each is bounded by [`EtcdConfig::request_timeout`], so a cluster without

@@ -8,9 +8,10 @@
 //! answered: no token answered twice for a resource, tokens in real-time
 //! order, no answered grant above the `last_token` a new leader reports
 //! (right after each takeover, and after the last trial), every takeover
-//! within leader TTL + 2 s. On PostgreSQL with `--pause` the store's rows are
-//! read directly: no row carries a paused leader's epoch with a record it did
-//! not have when the leader was stopped ([`crate::failover_trial::pause`]).
+//! within leader TTL + 2 s. With `--pause` the store's records are read
+//! directly (PostgreSQL rows; etcd keys, with the cargo feature `etcd`): no
+//! record carries a paused leader's epoch with a value it did not have when
+//! the leader was stopped ([`crate::failover_trial::pause`]).
 //!
 //! There is no control run: the only honest one, coordinators without epoch
 //! fencing, would need a server that can be told to write unfenced.
@@ -24,7 +25,7 @@ use leasefence_arbiter::postgres;
 
 use crate::failover_check;
 use crate::failover_cluster::{Cluster, ClusterSpec};
-use crate::failover_db::StoreSchema;
+use crate::failover_db::{StoreLook, StoreSchema};
 use crate::failover_http::Http;
 use crate::failover_load::{Load, LoadSpec};
 use crate::failover_trial::{self, Run, STATUS_LIMIT, Tally};
@@ -94,16 +95,7 @@ pub async fn run(a: FailoverArgs) -> anyhow::Result<i32> {
         (None, Engine::Postgres) => (format!("lf_trials_{run_id}"), true),
         (None, Engine::Etcd) => (format!("/lf-trials-{run_id}/"), true),
     };
-    let pg = match engine {
-        Engine::Postgres => {
-            let schema = StoreSchema::new(&prefix)?;
-            let client = postgres::connect(&a.store)
-                .await
-                .context("cannot connect to the PostgreSQL store")?;
-            Some((client, schema))
-        }
-        Engine::Etcd => None,
-    };
+    let store = look(engine, &a.store, &prefix).await?;
     let spec = ClusterSpec {
         bin,
         store: a.store.clone(),
@@ -112,10 +104,10 @@ pub async fn run(a: FailoverArgs) -> anyhow::Result<i32> {
     };
     let started = Cluster::start(spec, a.coordinators as usize).await;
     let outcome = match started {
-        Ok(cluster) => trials(&a, cluster, pg, fresh).await,
+        Ok(cluster) => trials(&a, cluster, store, fresh).await,
         Err(e) => {
-            if let (Some((client, schema)), true) = (&pg, fresh) {
-                let _ = schema.drop(client).await;
+            if fresh {
+                let _ = store.remove().await;
             }
             Err(e)
         }
@@ -132,16 +124,33 @@ pub async fn run(a: FailoverArgs) -> anyhow::Result<i32> {
     })
 }
 
+/// The direct look at the run's store.
+async fn look(engine: Engine, store: &str, prefix: &str) -> anyhow::Result<StoreLook> {
+    match engine {
+        Engine::Postgres => {
+            let schema = StoreSchema::new(prefix)?;
+            let client = postgres::connect(store)
+                .await
+                .context("cannot connect to the PostgreSQL store")?;
+            Ok(StoreLook::Postgres(client, schema))
+        }
+        #[cfg(feature = "etcd")]
+        Engine::Etcd => Ok(StoreLook::Etcd(Box::new(
+            crate::failover_etcd::EtcdStore::connect(store, prefix).await?,
+        ))),
+        #[cfg(not(feature = "etcd"))]
+        Engine::Etcd => bail!(
+            "failover on etcd reads the store's keys directly: build leasefence-trials with `--features etcd` \
+             (and the coordinator with `-p leasefence --features etcd`)"
+        ),
+    }
+}
+
 type Outcome = (Verdict, u64, Failures, Vec<String>);
 
 /// Runs the trials, then stops the coordinators and drops a fresh schema
 /// whatever happened.
-async fn trials(
-    a: &FailoverArgs,
-    cluster: Cluster,
-    pg: Option<(tokio_postgres::Client, StoreSchema)>,
-    fresh: bool,
-) -> anyhow::Result<Outcome> {
+async fn trials(a: &FailoverArgs, cluster: Cluster, store: StoreLook, fresh: bool) -> anyhow::Result<Outcome> {
     let resources: Vec<String> = (0..RESOURCES).map(|i| format!("failover/{i}")).collect();
     let load = Load::start(LoadSpec {
         urls: cluster.urls(),
@@ -155,13 +164,13 @@ async fn trials(
         cluster,
         load,
         http: Http::new(Duration::from_secs(2))?,
-        pg,
+        store,
         leader_ttl: a.leader_ttl,
     };
     let outcome = fault_loop(a, &mut run).await;
     let stopped = run.cluster.stop_all().await;
-    if let (Some((client, schema)), true) = (&run.pg, fresh) {
-        schema.drop(client).await?;
+    if fresh {
+        run.store.remove().await?;
     }
     stopped?;
     outcome
@@ -272,24 +281,22 @@ fn figures(
             f.unanswered
         ));
     }
-    out.push(match (&run.pg, a.pause) {
-        (Some(_), true) => {
-            let first: Vec<String> = t
-                .deposed_writes
-                .iter()
-                .take(5)
-                .map(|(r, e)| format!("{r} (epoch {e})"))
-                .collect();
-            format!(
-                "store rows: {} under a paused leader's epoch at its stop ({} stops inside a batch), {} written under that epoch after it was deposed{}",
-                t.rows_snapshotted,
-                t.batches_caught_open,
-                t.deposed_writes.len(),
-                if first.is_empty() { String::new() } else { format!(": {}", first.join(", ")) }
-            )
-        }
-        (Some(_), false) => "store rows: read directly with --pause only".to_string(),
-        (None, _) => "store rows: not read (the direct check reads PostgreSQL only)".to_string(),
+    out.push(if a.pause {
+        let first: Vec<String> = t
+            .deposed_writes
+            .iter()
+            .take(5)
+            .map(|(r, e)| format!("{r} (epoch {e})"))
+            .collect();
+        format!(
+            "store rows: {} under a paused leader's epoch at its stop ({} stops inside a batch), {} written under that epoch after it was deposed{}",
+            t.rows_snapshotted,
+            t.batches_caught_open,
+            t.deposed_writes.len(),
+            if first.is_empty() { String::new() } else { format!(": {}", first.join(", ")) }
+        )
+    } else {
+        "store rows: read directly with --pause only".to_string()
     });
     let log = run.cluster.log.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let (c, rest) = failover_check::commit_failures(&log);
@@ -297,7 +304,7 @@ fn figures(
         eprintln!("coordinator: {line}");
     }
     out.push(format!(
-        "failed commits the coordinators logged: {} refused by the epoch check, {} cut off mid-batch, {} other",
+        "failed commits the coordinators logged: {} refused by the epoch check, {} cut off mid-batch (connection closed, request timed out), {} other",
         c.deposed, c.cut_off, c.other
     ));
     out.push(format!("{} trials failed to complete", failures.count()));

@@ -150,7 +150,8 @@ pub struct CommitFailures {
 }
 
 /// Sorts the coordinators' error lines; the lines that are not a failed
-/// commit are returned for the operator to read.
+/// commit, and the failed commits of no known kind, are returned for the
+/// operator to read.
 pub fn commit_failures(log: &[String]) -> (CommitFailures, Vec<&str>) {
     let mut f = CommitFailures::default();
     let mut rest = Vec::new();
@@ -159,10 +160,13 @@ pub fn commit_failures(log: &[String]) -> (CommitFailures, Vec<&str>) {
             rest.push(line.as_str());
         } else if line.contains("error=deposed") {
             f.deposed += 1;
-        } else if line.contains("connection closed") {
+        } else if line.contains("connection closed") || line.contains("Timeout expired") {
+            // PostgreSQL closed the stopped leader's connection, or the
+            // leader's own request timer to etcd ran out while it was stopped.
             f.cut_off += 1;
         } else {
             f.other += 1;
+            rest.push(line.as_str());
         }
     }
     (f, rest)
@@ -258,6 +262,7 @@ mod tests {
         let log: Vec<String> = [
             "T ERROR leasefence_store::committer: store commit failed; refusing further writes until restart error=deposed: epoch 2 is no longer current (the shard's epoch is 3)",
             "T ERROR leasefence_store::committer: store commit failed; refusing further writes until restart error=store engine unavailable: PostgreSQL: connection closed (while committing)",
+            "T ERROR leasefence_store::committer: store commit failed; refusing further writes until restart error=store engine unavailable: etcd write the batch: grpc request error: code: 'The operation was cancelled', message: \"Timeout expired\"",
             "T ERROR leasefence_store::committer: store commit failed; error=corrupt",
             "T ERROR something else",
         ]
@@ -268,10 +273,17 @@ mod tests {
             f,
             CommitFailures {
                 deposed: 1,
-                cut_off: 1,
+                cut_off: 2,
                 other: 1
             }
         );
-        assert_eq!(rest, vec!["T ERROR something else"]);
+        assert_eq!(
+            rest,
+            vec![
+                "T ERROR leasefence_store::committer: store commit failed; error=corrupt",
+                "T ERROR something else"
+            ],
+            "a failed commit of no known kind is shown too"
+        );
     }
 }

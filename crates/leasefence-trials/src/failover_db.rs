@@ -1,6 +1,8 @@
-//! The failover trials' direct look at the PostgreSQL store: the shard row and
-//! the record rows of one epoch, read in one statement (one snapshot), whether
-//! a batch transaction holds the shard row, and dropping a run's schema.
+//! The failover trials' direct look at the shared store ([`StoreLook`]), and
+//! its PostgreSQL half: the shard row and the record rows of one epoch, read
+//! in one statement (one snapshot), whether a batch transaction holds the
+//! shard row, and dropping a run's schema. The etcd half is
+//! `crate::failover_etcd`.
 //!
 //! Tables (the store's own, `src/sql/postgres_store_schema.sql` of the store
 //! crate): `leasefence_shards (shard, epoch, leader, expires_at)` and
@@ -28,6 +30,44 @@ pub struct EpochRows {
     pub epoch: u64,
     pub leader: Option<String>,
     pub rows: BTreeSet<Row>,
+}
+
+/// A run's shared store, read directly, not through the coordinators.
+pub enum StoreLook {
+    Postgres(tokio_postgres::Client, StoreSchema),
+    #[cfg(feature = "etcd")]
+    Etcd(Box<crate::failover_etcd::EtcdStore>),
+}
+
+impl StoreLook {
+    /// The shard's current epoch and leader, and the records whose last
+    /// writer was `epoch`, as of one snapshot.
+    pub async fn epoch_rows(&self, epoch: u64) -> anyhow::Result<EpochRows> {
+        match self {
+            StoreLook::Postgres(pg, schema) => schema.epoch_rows(pg, epoch).await,
+            #[cfg(feature = "etcd")]
+            StoreLook::Etcd(etcd) => etcd.epoch_rows(epoch).await,
+        }
+    }
+
+    /// Whether a batch is being written right now. Only PostgreSQL can be
+    /// caught inside one; an etcd batch is a single request.
+    pub async fn batch_open(&self) -> anyhow::Result<bool> {
+        match self {
+            StoreLook::Postgres(pg, schema) => schema.batch_open(pg).await,
+            #[cfg(feature = "etcd")]
+            StoreLook::Etcd(_) => Ok(false),
+        }
+    }
+
+    /// Removes the run's schema or key prefix.
+    pub async fn remove(&self) -> anyhow::Result<()> {
+        match self {
+            StoreLook::Postgres(pg, schema) => schema.drop(pg).await,
+            #[cfg(feature = "etcd")]
+            StoreLook::Etcd(etcd) => etcd.delete_prefix().await,
+        }
+    }
 }
 
 impl StoreSchema {

@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 
 use crate::failover_check::{Lost, Takeovers};
 use crate::failover_cluster::Cluster;
-use crate::failover_db::{EpochRows, StoreSchema};
+use crate::failover_db::{EpochRows, StoreLook};
 use crate::failover_http::Http;
 use crate::failover_load::{InFlight, Load};
 use crate::procs::{signal, wait_stopped};
@@ -36,8 +36,8 @@ pub struct Run {
     pub cluster: Cluster,
     pub load: Load,
     pub http: Http,
-    /// The PostgreSQL store, read directly (absent on etcd).
-    pub pg: Option<(tokio_postgres::Client, StoreSchema)>,
+    /// The shared store, read directly.
+    pub store: StoreLook,
     pub leader_ttl: Duration,
 }
 
@@ -142,12 +142,10 @@ pub async fn pause(run: &mut Run, active: usize, epoch: u64, tally: &mut Tally) 
         .context("the requests in flight at the woken leader did not end")?
         .context("a request in flight panicked")?;
     tally.in_flight.add(answers);
-    if let (Some((pg, schema)), Some(at_stop)) = (&run.pg, at_stop) {
-        tokio::time::sleep(SETTLE).await;
-        let after = schema.epoch_rows(pg, epoch).await?;
-        for r in crate::failover_check::deposed_writes(&at_stop.rows, &after.rows) {
-            tally.deposed_writes.push((r, epoch));
-        }
+    tokio::time::sleep(SETTLE).await;
+    let after = run.store.epoch_rows(epoch).await?;
+    for r in crate::failover_check::deposed_writes(&at_stop.rows, &after.rows) {
+        tally.deposed_writes.push((r, epoch));
     }
     Ok(())
 }
@@ -161,28 +159,22 @@ async fn while_stopped(
     pid: u32,
     fault: Instant,
     tally: &mut Tally,
-) -> anyhow::Result<(Option<EpochRows>, JoinHandle<InFlight>)> {
+) -> anyhow::Result<(EpochRows, JoinHandle<InFlight>)> {
     wait_stopped(pid, STEP_DOWN_LIMIT).await?;
     tokio::time::sleep(SETTLE).await;
-    let at_stop = match &run.pg {
-        Some((pg, schema)) => {
-            let rows = schema.epoch_rows(pg, epoch).await?;
-            let url = run.cluster.url(active);
-            if rows.epoch != epoch || rows.leader.as_deref() != Some(url.as_str()) {
-                bail!(
-                    "at the stop the shard row names epoch {} led by {:?}, not epoch {epoch} led by {url}",
-                    rows.epoch,
-                    rows.leader
-                );
-            }
-            if schema.batch_open(pg).await? {
-                tally.batches_caught_open += 1;
-            }
-            tally.rows_snapshotted += rows.rows.len() as u64;
-            Some(rows)
-        }
-        None => None,
-    };
+    let at_stop = run.store.epoch_rows(epoch).await?;
+    let url = run.cluster.url(active);
+    if at_stop.epoch != epoch || at_stop.leader.as_deref() != Some(url.as_str()) {
+        bail!(
+            "at the stop the store names epoch {} led by {:?}, not epoch {epoch} led by {url}",
+            at_stop.epoch,
+            at_stop.leader
+        );
+    }
+    if run.store.batch_open().await? {
+        tally.batches_caught_open += 1;
+    }
+    tally.rows_snapshotted += at_stop.rows.len() as u64;
     let in_flight = run
         .load
         .in_flight(active, IN_FLIGHT, run.leader_ttl + IN_FLIGHT_EXTRA)?;

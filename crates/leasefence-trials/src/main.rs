@@ -23,6 +23,8 @@ mod failover;
 mod failover_check;
 mod failover_cluster;
 mod failover_db;
+#[cfg(feature = "etcd")]
+mod failover_etcd;
 mod failover_http;
 mod failover_load;
 mod failover_trial;

@@ -5,10 +5,21 @@
 //!   that wins; never deleted, so epochs keep increasing across leaders.
 //! - `leader`: `{epoch}\n{advertised URL}`, bound to the leader's etcd lease,
 //!   so etcd deletes it when the lease lapses or is revoked.
-//! - `r/{resource}`: the resource's record, in the store's record codec.
+//! - `r/{resource}`: the resource's record: the tag byte `E`, the epoch of the
+//!   leader that wrote it (8 bytes, big-endian), then the record in the
+//!   store's record codec. The epoch lets an operator (and the failover
+//!   trials) see from etcd alone which term wrote a record, as the PostgreSQL
+//!   store's `epoch` column does. Values written before the epoch was kept
+//!   are the bare record codec (its version byte, 1 or 2, is never `E`) and
+//!   still load, with no epoch.
 
-use crate::StoreError;
+use leasefence_core::StoredResource;
+
 use crate::shared::{Epoch, LeaderInfo};
+use crate::{StoreError, codec};
+
+/// The first byte of a record value that carries its writer's epoch.
+const RECORD_WITH_EPOCH: u8 = b'E';
 
 #[derive(Clone, Debug)]
 pub(super) struct Keys {
@@ -74,9 +85,64 @@ pub(super) fn decode_leader(key: &str, value: &[u8]) -> Result<LeaderInfo, Store
     })
 }
 
+/// A record's value as the leader of `epoch` writes it.
+pub(super) fn encode_record(epoch: Epoch, record: &StoredResource) -> Vec<u8> {
+    let body = codec::encode(record);
+    let mut out = Vec::with_capacity(9 + body.len());
+    out.push(RECORD_WITH_EPOCH);
+    out.extend_from_slice(&epoch.to_be_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
+/// A record value: the epoch that wrote it (`None` for a value from before
+/// epochs were kept) and the record.
+pub(super) fn decode_record(resource: &str, value: &[u8]) -> Result<(Option<Epoch>, StoredResource), StoreError> {
+    match value.split_first() {
+        Some((&RECORD_WITH_EPOCH, rest)) => {
+            let (epoch, body) = rest
+                .split_first_chunk::<8>()
+                .ok_or_else(|| corrupt(resource, "the record value is shorter than its epoch"))?;
+            Ok((Some(Epoch::from_be_bytes(*epoch)), codec::decode(resource, body)?))
+        }
+        _ => Ok((None, codec::decode(resource, value)?)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use leasefence_core::Token;
+
     use super::*;
+
+    fn record(token: u64) -> StoredResource {
+        StoredResource {
+            resource: leasefence_core::ResourceId::new("orders/1").expect("valid"),
+            last_token: Token::new(token).expect("non-zero"),
+            lease: None,
+            lock_delay: None,
+        }
+    }
+
+    #[test]
+    fn a_record_value_carries_the_epoch_that_wrote_it() {
+        let r = record(9);
+        let value = encode_record(12, &r);
+        assert_eq!(value[0], b'E');
+        assert_eq!(decode_record("orders/1", &value), Ok((Some(12), r.clone())));
+        // A value from before the epoch was kept: the bare codec.
+        assert_eq!(decode_record("orders/1", &codec::encode(&r)), Ok((None, r)));
+        for cut in 1..9 {
+            assert!(
+                matches!(
+                    decode_record("orders/1", &value[..cut]),
+                    Err(StoreError::Corrupt { .. })
+                ),
+                "cut at {cut}"
+            );
+        }
+        assert!(decode_record("orders/1", &[]).is_err());
+    }
 
     #[test]
     fn layout_carries_the_shard() {

@@ -13,9 +13,9 @@ use std::sync::Arc;
 use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 use leasefence_core::{Mutation, ResourceId, StoredResource};
 
-use super::{Inner, gets, term_from};
+use super::{Inner, gets, keys, term_from};
 use crate::shared::Epoch;
-use crate::{LeaseStore, StoreError, codec, next_record};
+use crate::{LeaseStore, StoreError, next_record};
 
 /// Keys per page when `load` reads the records.
 const LOAD_PAGE: i64 = 500;
@@ -77,7 +77,7 @@ impl EtcdWriter {
                 .ok_or_else(|| StoreError::Io("etcd's answer lacks records of the batch".into()))?;
             let entry = match kv {
                 Some(kv) => Read {
-                    record: Some(codec::decode(r.as_str(), kv.value())?),
+                    record: Some(keys::decode_record(r.as_str(), kv.value())?.1),
                     rev: kv.mod_revision(),
                 },
                 None => Read { record: None, rev: 0 },
@@ -103,7 +103,7 @@ impl EtcdWriter {
             let (was, now) = (&read[r.as_str()], &next[r.as_str()]);
             compares.push(Compare::mod_revision(key.clone(), CompareOp::Equal, was.rev));
             if let Some(now) = now.as_ref().filter(|n| was.record.as_ref() != Some(n)) {
-                puts.push(TxnOp::put(key, codec::encode(now), None));
+                puts.push(TxnOp::put(key, keys::encode_record(self.epoch, now), None));
             }
         }
         Ok(Plan { lease, compares, puts })
@@ -170,7 +170,7 @@ impl LeaseStore for EtcdWriter {
             for kv in resp.kvs() {
                 let key = String::from_utf8_lossy(kv.key());
                 let resource = key.strip_prefix(&prefix).unwrap_or(&key);
-                out.push(codec::decode(resource, kv.value())?);
+                out.push(keys::decode_record(resource, kv.value())?.1);
             }
             match resp.kvs().last() {
                 Some(kv) if resp.more() => {

@@ -83,3 +83,45 @@ fn a_batch_whose_records_changed_since_its_read_writes_nothing() {
     assert_eq!(got[0].last_token.get(), 7, "the write in between stands");
     s.resign(epoch).expect("resign");
 }
+
+#[test]
+fn every_record_carries_the_epoch_of_the_leader_that_wrote_it() {
+    let Some((first, second)) = stores("record-epoch") else {
+        return;
+    };
+    let one = first.campaign("http://first", TTL).expect("campaign").expect("leads");
+    first
+        .writer(one)
+        .expect("writer")
+        .apply(&[grant("epoch/a", 1), grant("epoch/b", 1)])
+        .expect("write");
+    first.resign(one).expect("resign");
+    let two = second
+        .campaign("http://second", TTL)
+        .expect("campaign")
+        .expect("takes over");
+    second
+        .writer(two)
+        .expect("writer")
+        .apply(&[grant("epoch/b", 2)])
+        .expect("write");
+
+    let keys = &second.inner.keys;
+    let epoch_of = |resource: &str| {
+        let got = second
+            .inner
+            .conn
+            .idempotent("read a record", |mut c| {
+                let key = keys.record(resource);
+                async move { c.get(key, None).await }
+            })
+            .expect("get");
+        let kv = got.kvs().first().expect("the record exists");
+        crate::etcd::keys::decode_record(resource, kv.value())
+            .expect("decodes")
+            .0
+    };
+    assert_eq!(epoch_of("epoch/a"), Some(one), "untouched since the first term");
+    assert_eq!(epoch_of("epoch/b"), Some(two), "rewritten by the second term");
+    second.resign(two).expect("resign");
+}
