@@ -120,6 +120,11 @@ pub struct ServeArgs {
     /// is active (default: http:// + --listen).
     #[arg(long, env = "LEASEFENCE_ADVERTISE")]
     pub advertise: Option<String>,
+    /// Serve a non-loopback --listen address without access control (a
+    /// warning at every start). Without it such an address is refused:
+    /// anyone who reaches the port could take, release or watch any lease.
+    #[arg(long)]
+    pub insecure: bool,
 }
 
 /// One entry of `--server`: an `http(s)://` coordinator URL.

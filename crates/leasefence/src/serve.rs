@@ -1,5 +1,9 @@
 //! `leasefence serve`: the coordinator, on its embedded store or, with
 //! `--store`, as one of several coordinators sharing PostgreSQL or etcd.
+//!
+//! Protected mode: without access control it binds loopback only; any other
+//! `--listen` is refused unless `--insecure` says so (cf. Redis's protected
+//! mode). etcd and ZooKeeper ship open; leasefence does not.
 
 use std::net::SocketAddr;
 
@@ -10,6 +14,7 @@ use crate::store_url::StoreUrl;
 use crate::{CmdResult, Failure};
 
 pub async fn run(a: ServeArgs) -> CmdResult {
+    protected_mode(a.listen, a.insecure)?;
     let lease = leasefence_core::Config::new(a.ttl_min, a.ttl_max, a.waiters_max)
         .map_err(Failure::invalid)?
         .with_lock_delay_max(a.lock_delay_max);
@@ -39,6 +44,27 @@ pub async fn run(a: ServeArgs) -> CmdResult {
         Err(e @ ServerError::Fatal(_)) => Err(Failure::new(Failure::FATAL, e)),
         Err(e) => Err(e.into()),
     }
+}
+
+/// Refuses a non-loopback `--listen` unless `--insecure`; warns when it is.
+fn protected_mode(listen: SocketAddr, insecure: bool) -> Result<(), Failure> {
+    if listen.ip().is_loopback() {
+        return Ok(());
+    }
+    if insecure {
+        tracing::warn!(
+            %listen,
+            "--insecure: serving a non-loopback address without access control; anyone who reaches \
+             this port can take, release or watch any lease"
+        );
+        return Ok(());
+    }
+    Err(Failure::invalid(format!(
+        "--listen {listen} is not a loopback address, and this coordinator has no access control: \
+         anyone who reaches the port could take, release or watch any lease. Listen on 127.0.0.1 or \
+         [::1] (the default is {}), or pass --insecure to serve this address without access control",
+        leasefence_server::ServerConfig::DEFAULT_LISTEN
+    )))
 }
 
 /// `--leader-ttl` and `--advertise`, checked.
