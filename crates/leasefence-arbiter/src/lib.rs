@@ -13,8 +13,10 @@
 //! - `redis`: a Redis Functions library with fenced `SET`, `DEL`, `HSET`, `XADD`;
 //! - `embedded`: an in-process fenced key-value store on redb.
 //!
-//! The conformance suite, the pause kit, [`propagate`] and the errors build
-//! without any feature.
+//! Propagation layers, one feature each: `http` (axum extractors and
+//! responses, a reqwest helper) and `grpc` (tonic interceptors and statuses),
+//! both on [`propagate`]. The conformance suite, the pause kit, [`propagate`]
+//! and the errors build without any feature.
 //!
 //! Every backend passes the one [`conformance`] suite through [`ConformanceTarget`];
 //! [`pause_kit`] runs the classic "paused holder" scenario against any target,
@@ -26,6 +28,10 @@ mod dispatch;
 #[cfg(feature = "embedded")]
 pub mod embedded;
 mod error;
+#[cfg(feature = "grpc")]
+pub mod grpc;
+#[cfg(feature = "http")]
+pub mod http;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]
