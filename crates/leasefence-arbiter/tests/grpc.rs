@@ -178,7 +178,7 @@ impl App {
 
 async fn current_writes_and_stale_is_failed_precondition(guard: Guard) {
     let app = start(guard).await;
-    let r = unique_resource("grpc-stale");
+    let r = unique_resource("grpc-stale ß");
     assert_eq!(app.put_fenced(&fence(&r, 5), "k=five").await.expect("admitted"), "ok");
     assert_eq!(app.value("k").as_deref(), Some("five"));
     for late in [5, 4, 1] {

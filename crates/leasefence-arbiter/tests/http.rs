@@ -101,7 +101,7 @@ async fn json(resp: reqwest::Response) -> Value {
 #[tokio::test]
 async fn current_token_writes_and_a_stale_one_gets_409_and_writes_nothing() {
     let app = start().await;
-    let r = unique_resource("http-stale");
+    let r = unique_resource("http-stale ß");
     let resp = app.put_fenced(&r, 5, "five").await;
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(app.value("k").as_deref(), Some("five"));
