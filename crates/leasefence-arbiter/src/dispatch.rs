@@ -4,24 +4,40 @@
 //! TLS), `sqlite://PATH` (`sqlite:///abs/file.db` or `sqlite://rel/file.db`),
 //! `redis://` (the Functions library) and `redis+module://` (the same server
 //! address, through the native module). Anything else is an
-//! [`ArbiterError::Invalid`] naming the schemes.
+//! [`ArbiterError::Invalid`] naming the schemes; a known scheme whose backend
+//! this build left out is an [`ArbiterError::Invalid`] naming the cargo
+//! feature to enable.
 
+#[cfg(feature = "sqlite")]
 use std::path::PathBuf;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "redis"))]
 use std::sync::Arc;
 
 use leasefence_core::Invalid;
+#[cfg(feature = "postgres")]
 use tokio_postgres::IsolationLevel;
 
-use crate::targets::{PostgresTarget, RedisTarget, SqliteTarget};
-use crate::{ArbiterError, Report, pause_check};
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "redis"))]
+use crate::pause_check;
+#[cfg(feature = "postgres")]
+use crate::targets::PostgresTarget;
+#[cfg(feature = "redis")]
+use crate::targets::RedisTarget;
+#[cfg(feature = "sqlite")]
+use crate::targets::SqliteTarget;
+use crate::{ArbiterError, Report};
 
-/// A backend named by a URL.
+/// A backend named by a URL; a variant exists only with its backend's feature.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BackendUrl {
+    #[cfg(feature = "postgres")]
     Postgres(String),
+    #[cfg(feature = "sqlite")]
     Sqlite(PathBuf),
+    #[cfg(feature = "redis")]
     Redis(String),
     /// A `redis+module://` URL, held as the `redis://` URL to connect to.
+    #[cfg(feature = "redis")]
     RedisModule(String),
 }
 
@@ -29,9 +45,13 @@ impl BackendUrl {
     pub fn parse(url: &str) -> Result<BackendUrl, ArbiterError> {
         let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
         match scheme.as_deref() {
+            #[cfg(feature = "postgres")]
             Some("postgres" | "postgresql") => Ok(BackendUrl::Postgres(url.to_string())),
+            #[cfg(feature = "redis")]
             Some("redis") => Ok(BackendUrl::Redis(url.to_string())),
+            #[cfg(feature = "redis")]
             Some("redis+module") => Ok(BackendUrl::RedisModule(format!("redis://{}", &url["redis+module://".len()..]))),
+            #[cfg(feature = "sqlite")]
             Some("sqlite") => {
                 let path = &url["sqlite://".len()..];
                 if path.is_empty() || path == ":memory:" {
@@ -40,6 +60,12 @@ impl BackendUrl {
                 }
                 Ok(BackendUrl::Sqlite(PathBuf::from(path)))
             }
+            #[cfg(not(feature = "postgres"))]
+            Some(s @ ("postgres" | "postgresql")) => Err(compiled_out(s, "postgres")),
+            #[cfg(not(feature = "redis"))]
+            Some(s @ ("redis" | "redis+module")) => Err(compiled_out(s, "redis")),
+            #[cfg(not(feature = "sqlite"))]
+            Some(s @ "sqlite") => Err(compiled_out(s, "sqlite")),
             _ => Err(Invalid::new(
                 "url",
                 format!("unsupported arbiter URL {url:?}: use postgres://, postgresql://, sqlite://PATH, redis:// or redis+module://"),
@@ -47,6 +73,16 @@ impl BackendUrl {
             .into()),
         }
     }
+}
+
+/// A known scheme whose backend this build does not contain.
+#[cfg(not(all(feature = "postgres", feature = "sqlite", feature = "redis")))]
+fn compiled_out(scheme: &str, feature: &str) -> ArbiterError {
+    let msg = format!(
+        "{scheme}:// needs the {feature} arbiter, which this build leaves out: \
+         enable the cargo feature `{feature}` of leasefence-arbiter"
+    );
+    Invalid::new("url", msg).into()
 }
 
 /// What [`install`] installed, for the operator: `what` (e.g. `PostgreSQL
@@ -60,6 +96,7 @@ pub struct Installed {
 }
 
 impl Installed {
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
     fn new(what: String) -> Installed {
         Installed {
             what,
@@ -74,6 +111,7 @@ impl std::fmt::Display for Installed {
     }
 }
 
+#[cfg(feature = "redis")]
 fn warnings(w: Vec<crate::redis::SettingsWarning>) -> Vec<String> {
     w.iter().map(ToString::to_string).collect()
 }
@@ -84,6 +122,7 @@ fn warnings(w: Vec<crate::redis::SettingsWarning>) -> Vec<String> {
 /// before anything is loaded.
 pub async fn install(url: &str) -> Result<Installed, ArbiterError> {
     match BackendUrl::parse(url)? {
+        #[cfg(feature = "postgres")]
         BackendUrl::Postgres(u) => {
             crate::postgres::install_url(&u).await?;
             Ok(Installed::new(format!(
@@ -91,6 +130,7 @@ pub async fn install(url: &str) -> Result<Installed, ArbiterError> {
                 crate::postgres::SCHEMA_VERSION
             )))
         }
+        #[cfg(feature = "redis")]
         BackendUrl::Redis(u) => {
             let found = crate::redis::install_url(&u).await?;
             Ok(Installed {
@@ -98,6 +138,7 @@ pub async fn install(url: &str) -> Result<Installed, ArbiterError> {
                 warnings: warnings(found),
             })
         }
+        #[cfg(feature = "redis")]
         BackendUrl::RedisModule(u) => {
             let mut conn = crate::redis::connect(&u).await?;
             let found = crate::redis::check_settings(&mut conn).await?;
@@ -107,6 +148,7 @@ pub async fn install(url: &str) -> Result<Installed, ArbiterError> {
                 warnings: warnings(found),
             })
         }
+        #[cfg(feature = "sqlite")]
         BackendUrl::Sqlite(path) => {
             tokio::task::spawn_blocking(move || {
                 let mut conn = rusqlite::Connection::open(&path)?;
@@ -126,18 +168,27 @@ pub async fn install(url: &str) -> Result<Installed, ArbiterError> {
 /// installed), in a fresh namespace that is removed afterwards. A Redis
 /// server is first checked as [`install`] checks it: refused when it can
 /// evict fence keys, and the report carries the warnings.
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "sqlite", feature = "redis")),
+    allow(unused_variables, reason = "no backend to check")
+)]
 pub async fn check(url: &str, trials: u32) -> Result<Report, ArbiterError> {
     match BackendUrl::parse(url)? {
+        #[cfg(feature = "postgres")]
         BackendUrl::Postgres(u) => {
             let target = PostgresTarget::connect(&u, IsolationLevel::ReadCommitted).await?;
             pause_check(&Arc::new(target), trials).await
         }
+        #[cfg(feature = "redis")]
         BackendUrl::Redis(u) => redis_check(&u, crate::redis::Via::Functions, trials).await,
+        #[cfg(feature = "redis")]
         BackendUrl::RedisModule(u) => redis_check(&u, crate::redis::Via::Module, trials).await,
+        #[cfg(feature = "sqlite")]
         BackendUrl::Sqlite(path) => pause_check(&Arc::new(SqliteTarget::open(&path).await?), trials).await,
     }
 }
 
+#[cfg(feature = "redis")]
 async fn redis_check(url: &str, via: crate::redis::Via, trials: u32) -> Result<Report, ArbiterError> {
     let found = crate::redis::check_settings(&mut crate::redis::connect(url).await?).await?;
     let mut report = pause_check(&Arc::new(RedisTarget::connect_via(url, via).await?), trials).await?;
@@ -149,14 +200,30 @@ async fn redis_check(url: &str, via: crate::redis::Via, trials: u32) -> Result<R
 mod tests {
     use super::*;
 
+    fn invalid_url(url: &str) -> String {
+        match BackendUrl::parse(url) {
+            Err(ArbiterError::Invalid(i)) => {
+                assert_eq!(i.field(), "url", "{url}");
+                i.message().to_string()
+            }
+            other => panic!("{url} must be Invalid, got {other:?}"),
+        }
+    }
+
+    #[cfg(feature = "postgres")]
     #[test]
-    fn schemes() {
+    fn postgres_schemes() {
         let pg = BackendUrl::parse("postgresql://u@h/db").expect("ok");
         assert_eq!(pg, BackendUrl::Postgres("postgresql://u@h/db".into()));
         assert!(matches!(
             BackendUrl::parse("postgres://h/db"),
             Ok(BackendUrl::Postgres(_))
         ));
+    }
+
+    #[cfg(feature = "redis")]
+    #[test]
+    fn redis_schemes() {
         assert!(matches!(
             BackendUrl::parse("redis://127.0.0.1:6379"),
             Ok(BackendUrl::Redis(_))
@@ -165,29 +232,52 @@ mod tests {
             BackendUrl::parse("redis+module://127.0.0.1:6390/0").expect("ok"),
             BackendUrl::RedisModule("redis://127.0.0.1:6390/0".into())
         );
+    }
+
+    #[cfg(feature = "sqlite")]
+    #[test]
+    fn sqlite_schemes() {
         let abs = BackendUrl::parse("sqlite:///tmp/x.db").expect("ok");
         assert_eq!(abs, BackendUrl::Sqlite(PathBuf::from("/tmp/x.db")));
         let rel = BackendUrl::parse("sqlite://data/x.db").expect("ok");
         assert_eq!(rel, BackendUrl::Sqlite(PathBuf::from("data/x.db")));
-        for bad in [
-            "mysql://h/db",
-            "sqlite://",
-            "sqlite://:memory:",
-            "no-scheme",
-            "etcd://h",
-        ] {
-            match BackendUrl::parse(bad) {
-                Err(ArbiterError::Invalid(i)) => assert_eq!(i.field(), "url", "{bad}"),
-                other => panic!("{bad} must be Invalid, got {other:?}"),
+        for bad in ["sqlite://", "sqlite://:memory:"] {
+            assert!(invalid_url(bad).contains("file path"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn unknown_schemes_name_every_scheme() {
+        for bad in ["mysql://h/db", "no-scheme", "etcd://h"] {
+            let msg = invalid_url(bad);
+            assert!(
+                msg.contains("postgres://")
+                    && msg.contains("redis://")
+                    && msg.contains("sqlite://")
+                    && msg.contains("redis+module://"),
+                "{msg}"
+            );
+        }
+    }
+
+    /// A known scheme whose backend is compiled out names the feature to
+    /// enable; one compiled in parses. Runs meaningfully in every build.
+    #[test]
+    fn compiled_out_schemes_name_their_feature() {
+        let cases = [
+            ("postgres://h/db", "postgres", cfg!(feature = "postgres")),
+            ("postgresql://h/db", "postgres", cfg!(feature = "postgres")),
+            ("sqlite:///x.db", "sqlite", cfg!(feature = "sqlite")),
+            ("redis://h", "redis", cfg!(feature = "redis")),
+            ("redis+module://h", "redis", cfg!(feature = "redis")),
+        ];
+        for (url, feature, enabled) in cases {
+            if enabled {
+                assert!(BackendUrl::parse(url).is_ok(), "{url}");
+            } else {
+                let msg = invalid_url(url);
+                assert!(msg.contains(&format!("cargo feature `{feature}`")), "{url}: {msg}");
             }
         }
-        let msg = BackendUrl::parse("mysql://h").unwrap_err().to_string();
-        assert!(
-            msg.contains("postgres://")
-                && msg.contains("redis://")
-                && msg.contains("sqlite://")
-                && msg.contains("redis+module://"),
-            "{msg}"
-        );
     }
 }

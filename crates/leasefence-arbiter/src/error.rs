@@ -7,8 +7,9 @@
 use leasefence_core::{Invalid, Stale};
 
 /// Why a fenced effect did not happen. In every case but two nothing of the
-/// effect was committed: [`Self::NotAcknowledged`] and [`Self::WaitFailed`]
-/// come after a Redis write that the primary applied.
+/// effect was committed: `NotAcknowledged` and `WaitFailed` (feature `redis`)
+/// come after a Redis write that the primary applied. Variants that wrap a
+/// backend's own error exist only with that backend's cargo feature.
 #[derive(Debug, thiserror::Error)]
 pub enum ArbiterError {
     /// The fence rejected the token: a newer (or, in strict mode, the same)
@@ -22,6 +23,7 @@ pub enum ArbiterError {
     /// The backend has no leasefence schema or functions.
     #[error("leasefence is not installed in this {backend}; run `leasefence arbiter install URL` first")]
     NotInstalled { backend: &'static str },
+    #[cfg(feature = "redis")]
     /// The server does not have the `leasefence` Redis module loaded (only for
     /// [`crate::redis::Via::Module`]; the Functions library is [`Self::NotInstalled`]).
     #[error(
@@ -34,18 +36,23 @@ pub enum ArbiterError {
     /// fence record, an unparseable rejection).
     #[error("{backend} answered outside the leasefence contract: {message}")]
     Protocol { backend: &'static str, message: String },
+    #[cfg(feature = "postgres")]
     #[error("PostgreSQL: {}", describe_postgres(.0))]
     Postgres(tokio_postgres::Error),
+    #[cfg(feature = "postgres")]
     #[error("PostgreSQL pool: {0}")]
     Pool(#[from] deadpool_postgres::PoolError),
+    #[cfg(feature = "sqlite")]
     #[error("SQLite: {0}")]
     Sqlite(rusqlite::Error),
+    #[cfg(feature = "redis")]
     #[error("Redis: {0}")]
     Redis(::redis::RedisError),
     /// The server's settings can lose fences (e.g. Redis may evict fence
     /// keys); `message` says which setting and what to set instead.
     #[error("{backend} settings can lose fences: {message}")]
     UnsafeSettings { backend: &'static str, message: String },
+    #[cfg(feature = "redis")]
     /// A fenced Redis write was applied on the primary, but fewer replicas
     /// (or no local AOF fsync) acknowledged it within the wait's timeout than
     /// [`crate::redis::WaitFor`] asked for: a failover now could lose the
@@ -64,6 +71,7 @@ pub enum ArbiterError {
         /// Whether the primary fsynced its AOF (only `WAITAOF` reports it).
         local_aof: bool,
     },
+    #[cfg(feature = "redis")]
     /// A fenced Redis write was applied on the primary, but the wait after it
     /// could not run (`WAITAOF` on a server before 7.2, no reply within the
     /// connection's response timeout, ...).
@@ -73,6 +81,7 @@ pub enum ArbiterError {
         wait: crate::redis::WaitFor,
         reason: String,
     },
+    #[cfg(feature = "embedded")]
     #[error("embedded store: {0}")]
     Embedded(#[from] redb::Error),
     /// A background task of the arbiter itself failed (panicked or was cancelled).
@@ -80,6 +89,7 @@ pub enum ArbiterError {
     Task(String),
 }
 
+#[cfg(feature = "postgres")]
 /// tokio-postgres shows a server error as just "db error"; say which one.
 fn describe_postgres(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
@@ -103,7 +113,9 @@ impl ArbiterError {
     /// gets [`ArbiterError::Stale`].
     pub fn is_retryable(&self) -> bool {
         match self {
+            #[cfg(feature = "postgres")]
             ArbiterError::Postgres(e) => e.code().is_some_and(|c| c.code() == "40001" || c.code() == "40P01"),
+            #[cfg(feature = "sqlite")]
             ArbiterError::Sqlite(e) => matches!(
                 e.sqlite_error_code(),
                 Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
@@ -113,6 +125,7 @@ impl ArbiterError {
     }
 }
 
+#[cfg(feature = "postgres")]
 impl From<tokio_postgres::Error> for ArbiterError {
     /// Maps the leasefence SQLSTATEs back to typed errors, so `?` on any
     /// statement that called `leasefence_admit` yields [`ArbiterError::Stale`].
@@ -121,12 +134,14 @@ impl From<tokio_postgres::Error> for ArbiterError {
     }
 }
 
+#[cfg(feature = "sqlite")]
 impl From<rusqlite::Error> for ArbiterError {
     fn from(e: rusqlite::Error) -> ArbiterError {
         crate::sqlite::classify(e)
     }
 }
 
+#[cfg(feature = "redis")]
 impl From<::redis::RedisError> for ArbiterError {
     /// Maps `-STALE presented current` replies of the leasefence functions to
     /// typed errors when the resource is known; see [`crate::redis`].
@@ -135,6 +150,7 @@ impl From<::redis::RedisError> for ArbiterError {
     }
 }
 
+#[cfg(feature = "embedded")]
 /// Converts any redb error (they are split by operation) into ours.
 pub(crate) fn redb_err(e: impl Into<redb::Error>) -> ArbiterError {
     ArbiterError::Embedded(e.into())

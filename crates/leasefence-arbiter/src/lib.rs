@@ -6,12 +6,17 @@
 //! effect. On reject nothing of the effect happens and the caller gets
 //! [`ArbiterError::Stale`] carrying `resource`, `presented` and `current`.
 //!
-//! Backends, one module each:
-//! - [`postgres`]: the PL/pgSQL function `leasefence_admit` (usable from any
+//! Backends, one module and one cargo feature each (all four on by default):
+//! - `postgres`: the PL/pgSQL function `leasefence_admit` (usable from any
 //!   language inside your own transaction) and Rust helpers around it;
-//! - [`sqlite`]: the same contract inside a `rusqlite::Transaction`;
-//! - [`redis`]: a Redis Functions library with fenced `SET`, `DEL`, `HSET`, `XADD`;
-//! - [`embedded`]: an in-process fenced key-value store on redb.
+//! - `sqlite`: the same contract inside a `rusqlite::Transaction`;
+//! - `redis`: a Redis Functions library with fenced `SET`, `DEL`, `HSET`, `XADD`;
+//! - `embedded`: an in-process fenced key-value store on redb.
+//!
+//! Propagation layers, one feature each: `http` (axum extractors and
+//! responses, a reqwest helper) and `grpc` (tonic interceptors and statuses),
+//! both on [`propagate`]. The conformance suite, the pause kit, [`propagate`]
+//! and the errors build without any feature.
 //!
 //! Every backend passes the one [`conformance`] suite through [`ConformanceTarget`];
 //! [`pause_kit`] runs the classic "paused holder" scenario against any target,
@@ -20,12 +25,25 @@
 //! command line.
 
 mod dispatch;
+#[cfg(feature = "embedded")]
 pub mod embedded;
 mod error;
+#[cfg(feature = "grpc")]
+pub mod grpc;
+#[cfg(feature = "http")]
+pub mod http;
+#[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(feature = "redis")]
 pub mod redis;
+// Without a backend nothing records rejections; the metric's API stays.
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "sqlite", feature = "redis", feature = "embedded")),
+    allow(dead_code, unused_imports)
+)]
 mod reject;
 mod rng;
+#[cfg(feature = "sqlite")]
 pub mod sqlite;
 
 pub mod conformance;

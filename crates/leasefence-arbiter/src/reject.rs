@@ -5,7 +5,9 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use leasefence_core::{Invalid, Stale, Token};
+use leasefence_core::Stale;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+use leasefence_core::{Invalid, Token};
 
 use crate::ArbiterError;
 
@@ -51,6 +53,7 @@ pub(crate) fn rejected(backend: &'static str, stale: Stale) -> ArbiterError {
 }
 
 /// Counts and logs the error if it is a rejection; passes it through.
+#[cfg(any(feature = "postgres", feature = "redis"))]
 pub(crate) fn observe(backend: &'static str, e: ArbiterError) -> ArbiterError {
     match e {
         ArbiterError::Stale(s) => rejected(backend, s),
@@ -58,6 +61,7 @@ pub(crate) fn observe(backend: &'static str, e: ArbiterError) -> ArbiterError {
     }
 }
 
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 /// The token as a signed 64-bit integer (PostgreSQL `bigint`, SQLite `INTEGER`).
 /// Tokens above `i64::MAX` are refused, never wrapped.
 pub(crate) fn token_to_i64(backend: &'static str, token: Token) -> Result<i64, ArbiterError> {
@@ -72,6 +76,7 @@ pub(crate) fn token_to_i64(backend: &'static str, token: Token) -> Result<i64, A
     })
 }
 
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 /// A stored token read back; anything below 1 means the record is corrupt.
 pub(crate) fn token_from_i64(backend: &'static str, v: i64) -> Result<Token, ArbiterError> {
     u64::try_from(v)

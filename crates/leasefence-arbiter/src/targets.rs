@@ -1,4 +1,5 @@
-//! [`ConformanceTarget`](crate::ConformanceTarget)s for every backend: the
+//! [`ConformanceTarget`](crate::ConformanceTarget)s for every backend (each
+//! behind its backend's cargo feature): the
 //! backend's real admit path plus a small effect model (a key-value table and
 //! a per-resource history of committed tokens) written in the same atomic unit.
 //!
@@ -6,14 +7,22 @@
 //! tables), so targets may run side by side against one database; `cleanup`
 //! removes exactly what the target created.
 
+#[cfg(feature = "embedded")]
 mod embedded;
+#[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "sqlite")]
 mod sqlite;
 
+#[cfg(feature = "embedded")]
 pub use embedded::EmbeddedTarget;
+#[cfg(feature = "postgres")]
 pub use postgres::PostgresTarget;
+#[cfg(feature = "redis")]
 pub use redis::RedisTarget;
+#[cfg(feature = "sqlite")]
 pub use sqlite::SqliteTarget;
 
 /// A fresh namespace for fence keys: `leasefence-check/<random>/`.

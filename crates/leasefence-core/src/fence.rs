@@ -14,6 +14,13 @@ pub const HEADER_TOKEN: &str = "leasefence-token";
 pub const ENV_RESOURCE: &str = "LEASEFENCE_RESOURCE";
 /// Environment variable carrying the token, in decimal.
 pub const ENV_TOKEN: &str = "LEASEFENCE_TOKEN";
+/// **Reserved** for signed fences: the header that will carry the
+/// coordinator's signature over the fence. Documented so that no one uses the
+/// name for anything else; nothing sends or checks it yet.
+pub const HEADER_SIGNATURE: &str = "leasefence-signature";
+/// **Reserved** for signed fences: the environment variable that will carry
+/// the signature. Nothing sets or checks it yet.
+pub const ENV_SIGNATURE: &str = "LEASEFENCE_SIGNATURE";
 
 /// A resource and the token that authorizes an effect on it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -35,9 +42,17 @@ impl Fence {
     }
 }
 
-/// Parses a decimal token, 1..=u64::MAX.
+/// Parses a decimal token, 1..=u64::MAX: ASCII digits only (surrounding
+/// whitespace aside), so no sign, no hex, no exponent.
 pub(crate) fn parse_token(s: &str) -> Result<Token, Invalid> {
-    s.trim().parse::<u64>().ok().and_then(Token::new).ok_or_else(|| {
+    let digits = s.trim();
+    let decimal = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit());
+    let token = if decimal {
+        digits.parse::<u64>().ok().and_then(Token::new)
+    } else {
+        None
+    };
+    token.ok_or_else(|| {
         Invalid::new(
             "token",
             format!("must be a decimal integer in 1..={}, got {s:?}", u64::MAX),
@@ -65,5 +80,13 @@ mod tests {
         assert!(Fence::from_parts("r", "-1").is_err());
         assert!(Fence::from_parts("r", "18446744073709551616").is_err());
         assert!(Fence::from_parts("", "1").is_err());
+        assert_eq!(Fence::from_parts("r", " 7 ").expect("trimmed").token.get(), 7);
+        assert_eq!(
+            Fence::from_parts("r", "18446744073709551615").expect("max").token.get(),
+            u64::MAX
+        );
+        for bad in ["+5", "0x10", "1e3", "", " ", "5 5", "٣"] {
+            assert_eq!(Fence::from_parts("r", bad).unwrap_err().field(), "token", "{bad:?}");
+        }
     }
 }

@@ -45,6 +45,38 @@ pub fn fence(r: &ResourceId, token: u64) -> Fence {
     Fence::new(r.clone(), Token::new(token).expect("non-zero token"))
 }
 
+/// Raw header (or metadata) lines, repeats allowed: (name, value bytes).
+pub type Headers = Vec<(&'static str, Vec<u8>)>;
+
+/// Header sets that are not a usable fence for `resource`, each with why:
+/// every one must be refused as malformed (HTTP 400, gRPC INVALID_ARGUMENT).
+pub fn malformed_fences(resource: &str) -> Vec<(&'static str, Headers)> {
+    let (res, tok) = ("leasefence-resource", "leasefence-token");
+    let r = resource.as_bytes().to_vec();
+    let pair = |t: &str| vec![(res, r.clone()), (tok, t.as_bytes().to_vec())];
+    let with = |mut h: Headers, name, value: &[u8]| {
+        h.push((name, value.to_vec()));
+        h
+    };
+    vec![
+        ("non-numeric", pair("abc")),
+        ("zero", pair("0")),
+        ("negative", pair("-1")),
+        ("above u64::MAX", pair("18446744073709551616")),
+        ("a sign", pair("+7")),
+        ("hexadecimal", pair("0x7")),
+        ("repeated token", with(pair("7"), tok, b"8")),
+        ("repeated resource", with(pair("7"), res, &r)),
+        ("only the resource", vec![(res, r.clone())]),
+        ("only the token", vec![(tok, b"7".to_vec())]),
+        ("empty resource", vec![(res, Vec::new()), (tok, b"7".to_vec())]),
+        (
+            "resource not UTF-8",
+            vec![(res, b"orders/\xff".to_vec()), (tok, b"7".to_vec())],
+        ),
+    ]
+}
+
 /// One `#[tokio::test]` per conformance scenario; `$make` is an expression
 /// evaluating to a future of `Option<(Arc<Target>, Guard)>` (`None`: skipped;
 /// the guard, e.g. a temp dir, lives until the test ends).
