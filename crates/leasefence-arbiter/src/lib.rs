@@ -13,16 +13,25 @@
 //! - [`redis`]: a Redis Functions library with fenced `SET`, `DEL`, `HSET`, `XADD`;
 //! - [`embedded`]: an in-process fenced key-value store on redb.
 //!
+//! Queue consumers that apply messages through an arbiter: [`queue`] (what
+//! happens to a message, whatever the broker), `nats` (JetStream, feature
+//! `nats`) and `amqp` (RabbitMQ, feature `amqp`).
+//!
 //! Every backend passes the one [`conformance`] suite through [`ConformanceTarget`];
 //! [`pause_kit`] runs the classic "paused holder" scenario against any target,
 //! [`propagate`] carries a fence through HTTP headers, message headers and a
 //! child's environment, and [`install`] / [`check`] dispatch on a URL for the
 //! command line.
 
+#[cfg(feature = "amqp")]
+pub mod amqp;
 mod dispatch;
 pub mod embedded;
 mod error;
+#[cfg(feature = "nats")]
+pub mod nats;
 pub mod postgres;
+pub mod queue;
 pub mod redis;
 mod reject;
 mod rng;
