@@ -15,6 +15,36 @@
 //! (JetStream also drops a republish with the same id inside the stream's
 //! duplicate window), else `STREAM/SEQUENCE`. Use an explicit-ack consumer
 //! (the default of `pull::Config`); bound redeliveries with its `max_deliver`.
+//!
+//! ```no_run
+//! # async fn demo(
+//! #     pull_consumer: async_nats::jetstream::consumer::PullConsumer,
+//! #     pg: std::sync::Arc<tokio::sync::Mutex<tokio_postgres::Client>>,
+//! # ) -> Result<(), leasefence_arbiter::queue::QueueError> {
+//! use leasefence_arbiter::queue::{self, HandleError};
+//! use leasefence_arbiter::{ArbiterError, nats, postgres};
+//!
+//! let settings = queue::Settings::new("jobs").on_stale(|stale| eprintln!("re-read {}", stale.resource));
+//! let handler = |fence, msg: queue::Message| {
+//!     let pg = pg.clone();
+//!     async move {
+//!         let id = msg.id.ok_or_else(|| HandleError::Poison("no message id".into()))?;
+//!         let payload = msg.payload;
+//!         let mut client = pg.lock().await;
+//!         let once = postgres::with_fence_once(&mut client, "jobs-worker", &id, &fence, queue::MODE, |tx| {
+//!             Box::pin(async move {
+//!                 tx.execute("INSERT INTO jobs_done (payload) VALUES ($1)", &[&payload]).await?;
+//!                 Ok::<_, ArbiterError>(())
+//!             })
+//!         })
+//!         .await?;
+//!         Ok(once.into())
+//!     }
+//! };
+//! let tally = nats::consume(&pull_consumer, &settings, handler, std::future::pending()).await?;
+//! # Ok(())
+//! # }
+//! ```
 
 use std::future::Future;
 

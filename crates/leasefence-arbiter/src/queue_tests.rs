@@ -149,3 +149,36 @@ fn a_tally_counts_each_verdict_once() {
     assert_eq!(tally, expected);
     assert_eq!(tally.total(), 8);
 }
+
+#[test]
+fn observe_counts_each_verdict_under_its_metric_and_queue_label() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        observe(&settings(), Some("m1"), &Verdict::Stale(stale()));
+        observe(&settings(), Some("m2"), &Verdict::Stale(stale()));
+        observe(&Settings::new("other"), None, &Verdict::Unfenced("none".into()));
+    });
+    let mut counters: Vec<(String, String, u64)> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(k, _, _, v)| {
+            let labels: Vec<_> = k.key().labels().map(|l| format!("{}={}", l.key(), l.value())).collect();
+            let DebugValue::Counter(n) = v else {
+                panic!("not a counter")
+            };
+            (k.key().name().to_owned(), labels.join(","), n)
+        })
+        .collect();
+    counters.sort();
+    let label = |q: &str| format!("queue={q}");
+    assert_eq!(
+        counters,
+        vec![
+            (STALE_METRIC.to_string(), label("jobs"), 2),
+            (UNFENCED_METRIC.to_string(), label("other"), 1),
+        ]
+    );
+}
