@@ -205,7 +205,7 @@ where
             queue::observe(settings, id.as_deref(), &verdict);
             Ok(verdict)
         }
-        false => Err(QueueError::NotConfirmed {
+        false => Err(QueueError::NotSettled {
             message_id: id.unwrap_or_else(|| "-".into()),
             reason: "its delivery was already settled or its channel failed".into(),
         }),

@@ -212,6 +212,10 @@ pub enum QueueError {
     /// The broker did not take responsibility for a published message.
     #[error("the broker did not confirm message {message_id}: {reason}")]
     NotConfirmed { message_id: String, reason: String },
+    /// A delivery could not be settled (already settled, or its channel
+    /// failed); the broker delivers it again.
+    #[error("message {message_id} could not be settled: {reason}")]
+    NotSettled { message_id: String, reason: String },
 }
 
 impl QueueError {

@@ -31,9 +31,8 @@ struct Queue {
 }
 
 impl Queue {
-    async fn new() -> Option<Queue> {
-        let url = common::service_url(AMQP_URL)?;
-        let connection = Connection::connect(&url, ConnectionProperties::default())
+    async fn new(url: &str) -> Queue {
+        let connection = Connection::connect(url, ConnectionProperties::default())
             .await
             .expect("connect to RabbitMQ");
         let publisher = amqp::confirm_channel(&connection).await.expect("confirm channel");
@@ -46,11 +45,11 @@ impl Queue {
             .queue_declare(name.as_str().into(), options, FieldTable::default())
             .await
             .expect("declare queue");
-        Some(Queue {
+        Queue {
             connection,
             publisher,
             name,
-        })
+        }
     }
 
     /// A publish outside the helper (no fence, or a broken one).
@@ -168,8 +167,9 @@ impl Broker for Queue {
 }
 
 async fn setup(name: &str) -> Option<(Arc<Effects>, Queue)> {
+    let url = common::service_url(AMQP_URL)?;
     let fx = Effects::new(name).await?;
-    let queue = Queue::new().await?;
+    let queue = Queue::new(&url).await;
     Some((fx, queue))
 }
 

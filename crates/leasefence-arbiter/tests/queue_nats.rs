@@ -30,9 +30,8 @@ struct Stream {
 }
 
 impl Stream {
-    async fn new() -> Option<Stream> {
-        let url = common::service_url(NATS_URL)?;
-        let client = async_nats::connect(&url).await.expect("connect to NATS");
+    async fn new(url: &str) -> Stream {
+        let client = async_nats::connect(url).await.expect("connect to NATS");
         let js = jetstream::new(client);
         let id = hex();
         let (name, subject) = (format!("LFQ_{id}"), format!("lfq.{id}.jobs"));
@@ -51,12 +50,12 @@ impl Stream {
             })
             .await
             .expect("create consumer");
-        Some(Stream {
+        Stream {
             js,
             name,
             subject,
             consumer,
-        })
+        }
     }
 
     async fn cleanup(self) {
@@ -110,8 +109,9 @@ impl Broker for Stream {
 }
 
 async fn setup(name: &str) -> Option<(Arc<Effects>, Stream)> {
+    let url = common::service_url(NATS_URL)?;
     let fx = Effects::new(name).await?;
-    let stream = Stream::new().await?;
+    let stream = Stream::new(&url).await;
     Some((fx, stream))
 }
 

@@ -92,7 +92,7 @@ pub async fn stale_published_first(fx: &Arc<Effects>, broker: &impl Broker, name
     let label = format!("{name}-{}", hex());
     let settings = Settings::new(&label)
         .on_stale(sink)
-        .with_retry_delay(Duration::from_millis(500));
+        .with_retry_delay(Duration::from_secs(1));
     let run = broker.start(fx, &settings, 5).await;
     fx.after_calls(1).await;
     for j in 0..3 {
