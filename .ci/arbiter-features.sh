@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 crate=leasefence-arbiter
 # Every feature of the crate, each checked alone.
-features=(postgres sqlite redis embedded http grpc)
+features=(postgres sqlite redis embedded http grpc nats amqp)
 # Each backend and the crates that only it may bring.
 declare -A backend_crates=(
   [postgres]="tokio-postgres deadpool-postgres"

@@ -86,7 +86,7 @@ fn compiled_out(scheme: &str, feature: &str) -> ArbiterError {
 }
 
 /// What [`install`] installed, for the operator: `what` (e.g. `PostgreSQL
-/// schema version 3`, also the `Display`) and what about the backend's
+/// schema version 4`, also the `Display`) and what about the backend's
 /// settings can still lose fences (Redis: see
 /// [`crate::redis::check_settings`]).
 #[derive(Clone, Debug, PartialEq, Eq)]

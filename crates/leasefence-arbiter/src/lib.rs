@@ -18,12 +18,18 @@
 //! both on [`propagate`]. The conformance suite, the pause kit, [`propagate`]
 //! and the errors build without any feature.
 //!
+//! Queue consumers that apply messages through an arbiter: [`queue`] (what
+//! happens to a message, whatever the broker), `nats` (JetStream, feature
+//! `nats`) and `amqp` (RabbitMQ, feature `amqp`).
+//!
 //! Every backend passes the one [`conformance`] suite through [`ConformanceTarget`];
 //! [`pause_kit`] runs the classic "paused holder" scenario against any target,
 //! [`propagate`] carries a fence through HTTP headers, message headers and a
 //! child's environment, and [`install`] / [`check`] dispatch on a URL for the
 //! command line.
 
+#[cfg(feature = "amqp")]
+pub mod amqp;
 mod dispatch;
 #[cfg(feature = "embedded")]
 pub mod embedded;
@@ -32,8 +38,11 @@ mod error;
 pub mod grpc;
 #[cfg(feature = "http")]
 pub mod http;
+#[cfg(feature = "nats")]
+pub mod nats;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+pub mod queue;
 #[cfg(feature = "redis")]
 pub mod redis;
 // Without a backend nothing records rejections; the metric's API stays.

@@ -26,16 +26,18 @@ use tokio_postgres::{Client, GenericClient, NoTls, Statement, Transaction};
 use crate::ArbiterError;
 use crate::reject::token_to_i64;
 
+mod dedup;
 mod folded;
 mod schema;
 
+pub use dedup::{Once, claim_message, prune_consumed, with_fence_once};
 pub use folded::{FENCE_CTE, FencedStatement, fold_fence};
 pub use schema::Schema;
 
 const BACKEND: &str = "postgres";
 
 /// The schema version this build installs and expects.
-pub const SCHEMA_VERSION: i32 = 3;
+pub const SCHEMA_VERSION: i32 = 4;
 /// SQLSTATE raised by `leasefence_admit` for a stale token.
 pub const SQLSTATE_STALE: &str = "LF001";
 /// SQLSTATE raised by `leasefence_admit` for an invalid argument.

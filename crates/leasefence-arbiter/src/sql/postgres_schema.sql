@@ -1,4 +1,4 @@
--- leasefence arbiter schema for PostgreSQL, version 3.
+-- leasefence arbiter schema for PostgreSQL, version 4.
 --
 -- Idempotent: safe to run any number of times, concurrently too. Run it in one
 -- transaction (the Rust installer does; by hand: psql --single-transaction -f FILE).
@@ -8,7 +8,8 @@
 -- callers' search_path does not matter; the Rust helpers name the schema too. (Version 1 pinned the function with `SET search_path`, which costs a
 -- configuration save and restore on every call, and put CHECK constraints on the
 -- fence table; version 2 drops both. Version 3 adds leasefence_stale, which lets a
--- client fold the fence into its own statement.)
+-- client fold the fence into its own statement. Version 4 adds leasefence_consumed,
+-- the message ids a queue consumer has applied.)
 --
 -- SQLSTATEs raised (class 'LF', leasefence):
 --   LF001  stale fencing token. The calling transaction is aborted, so nothing of
@@ -32,10 +33,10 @@ DECLARE
     v integer;
 BEGIN
     SELECT version INTO v FROM leasefence_schema_version WHERE component = 'arbiter';
-    IF v IS NOT NULL AND v > 3 THEN
+    IF v IS NOT NULL AND v > 4 THEN
         RAISE EXCEPTION USING
             ERRCODE = 'LF003',
-            MESSAGE = format('leasefence arbiter schema version %s is installed; this installer is version 3 and will not downgrade it', v);
+            MESSAGE = format('leasefence arbiter schema version %s is installed; this installer is version 4 and will not downgrade it', v);
     END IF;
     IF current_schema() IS NULL THEN
         RAISE EXCEPTION 'leasefence: the installer''s search_path names no existing schema to install into';
@@ -156,5 +157,16 @@ $function$, '@schema@', quote_ident(current_schema()));
 END
 $install$;
 
-INSERT INTO leasefence_schema_version (component, version) VALUES ('arbiter', 3)
+-- The messages a queue consumer has applied: a consumer inserts (consumer,
+-- message_id) in the transaction of the message's effect and its fence, so a
+-- redelivered message finds its row and is not applied twice. Rows may be
+-- deleted once the broker can no longer redeliver their message.
+CREATE TABLE IF NOT EXISTS leasefence_consumed (
+    consumer    text NOT NULL,
+    message_id  text NOT NULL,
+    consumed_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (consumer, message_id)
+);
+
+INSERT INTO leasefence_schema_version (component, version) VALUES ('arbiter', 4)
 ON CONFLICT (component) DO UPDATE SET version = excluded.version, installed_at = now();
