@@ -3,7 +3,8 @@
 //! Schemes: `postgres://` and `postgresql://` (tokio-postgres URL syntax, no
 //! TLS), `sqlite://PATH` (`sqlite:///abs/file.db` or `sqlite://rel/file.db`),
 //! `redis://` (the Functions library) and `redis+module://` (the same server
-//! address, through the native module). Anything else is an
+//! address, through the native module), and with the `gateway` feature
+//! `http://` (a running fenced object-store gateway). Anything else is an
 //! [`ArbiterError::Invalid`] naming the schemes.
 
 use std::path::PathBuf;
@@ -23,6 +24,9 @@ pub enum BackendUrl {
     Redis(String),
     /// A `redis+module://` URL, held as the `redis://` URL to connect to.
     RedisModule(String),
+    /// An `http://` URL of a running `leasefence gateway`.
+    #[cfg(feature = "gateway")]
+    Gateway(String),
 }
 
 impl BackendUrl {
@@ -31,7 +35,12 @@ impl BackendUrl {
         match scheme.as_deref() {
             Some("postgres" | "postgresql") => Ok(BackendUrl::Postgres(url.to_string())),
             Some("redis") => Ok(BackendUrl::Redis(url.to_string())),
-            Some("redis+module") => Ok(BackendUrl::RedisModule(format!("redis://{}", &url["redis+module://".len()..]))),
+            Some("redis+module") => Ok(BackendUrl::RedisModule(format!(
+                "redis://{}",
+                &url["redis+module://".len()..]
+            ))),
+            #[cfg(feature = "gateway")]
+            Some("http") => Ok(BackendUrl::Gateway(url.to_string())),
             Some("sqlite") => {
                 let path = &url["sqlite://".len()..];
                 if path.is_empty() || path == ":memory:" {
@@ -42,7 +51,15 @@ impl BackendUrl {
             }
             _ => Err(Invalid::new(
                 "url",
-                format!("unsupported arbiter URL {url:?}: use postgres://, postgresql://, sqlite://PATH, redis:// or redis+module://"),
+                format!(
+                    "unsupported arbiter URL {url:?}: use postgres://, postgresql://, sqlite://PATH, redis://, \
+                     redis+module://{}",
+                    if cfg!(feature = "gateway") {
+                        " or http:// (a leasefence gateway)"
+                    } else {
+                        ""
+                    }
+                ),
             )
             .into()),
         }
@@ -119,6 +136,16 @@ pub async fn install(url: &str) -> Result<Installed, ArbiterError> {
                 crate::sqlite::SCHEMA_VERSION
             )))
         }
+        #[cfg(feature = "gateway")]
+        BackendUrl::Gateway(u) => {
+            let version = crate::targets::GatewayTarget::connect(&u)
+                .await?
+                .check_service()
+                .await?;
+            Ok(Installed::new(format!(
+                "leasefence gateway version {version} (it keeps its fences itself; nothing was written)"
+            )))
+        }
     }
 }
 
@@ -135,6 +162,10 @@ pub async fn check(url: &str, trials: u32) -> Result<Report, ArbiterError> {
         BackendUrl::Redis(u) => redis_check(&u, crate::redis::Via::Functions, trials).await,
         BackendUrl::RedisModule(u) => redis_check(&u, crate::redis::Via::Module, trials).await,
         BackendUrl::Sqlite(path) => pause_check(&Arc::new(SqliteTarget::open(&path).await?), trials).await,
+        #[cfg(feature = "gateway")]
+        BackendUrl::Gateway(u) => {
+            pause_check(&Arc::new(crate::targets::GatewayTarget::connect(&u).await?), trials).await
+        }
     }
 }
 

@@ -11,7 +11,9 @@
 //!   language inside your own transaction) and Rust helpers around it;
 //! - [`sqlite`]: the same contract inside a `rusqlite::Transaction`;
 //! - [`redis`]: a Redis Functions library with fenced `SET`, `DEL`, `HSET`, `XADD`;
-//! - [`embedded`]: an in-process fenced key-value store on redb.
+//! - [`embedded`]: an in-process fenced key-value store on redb;
+//! - `gateway` (feature `gateway`): a fenced object store over HTTP, whose
+//!   object bytes and fence commit together.
 //!
 //! Every backend passes the one [`conformance`] suite through [`ConformanceTarget`];
 //! [`pause_kit`] runs the classic "paused holder" scenario against any target,
@@ -22,6 +24,8 @@
 mod dispatch;
 pub mod embedded;
 mod error;
+#[cfg(feature = "gateway")]
+pub mod gateway;
 pub mod postgres;
 pub mod redis;
 mod reject;

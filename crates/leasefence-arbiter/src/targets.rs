@@ -7,11 +7,15 @@
 //! removes exactly what the target created.
 
 mod embedded;
+#[cfg(feature = "gateway")]
+mod gateway;
 mod postgres;
 mod redis;
 mod sqlite;
 
 pub use embedded::EmbeddedTarget;
+#[cfg(feature = "gateway")]
+pub use gateway::GatewayTarget;
 pub use postgres::PostgresTarget;
 pub use redis::RedisTarget;
 pub use sqlite::SqliteTarget;
