@@ -14,8 +14,8 @@
 //! Blobs are immutable, so a read never sees a torn object; the old blob is
 //! removed after the commit. On start the gateway removes every temp file and
 //! every blob no key points at: whatever a crash left behind. The wire
-//! format, status codes and JSON shapes are in `docs/gateway.md` of the
-//! crate.
+//! format, status codes and JSON shapes are in the crate README, section
+//! "Fenced object store".
 
 mod blob;
 pub mod client;
