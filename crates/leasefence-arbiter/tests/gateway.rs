@@ -497,3 +497,23 @@ async fn a_restart_sweeps_temp_files_and_unreferenced_blobs() {
     assert_eq!(resp.headers()["leasefence-token"], "9");
     assert_eq!(resp.bytes().await.expect("body").as_ref(), b"kept bytes");
 }
+
+#[tokio::test]
+async fn a_stale_put_is_refused_before_its_body_is_sent() {
+    let g = start(64 << 20).await;
+    let c = reqwest::Client::new();
+    let resp = put(&c, &g, "early", "early", 5).body("v5").go().await;
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    // Headers only, announcing 32 MiB that never come: the answer cannot wait for them.
+    let head = "PUT /objects/early HTTP/1.1\r\nhost: x\r\nleasefence-resource: early\r\nleasefence-token: 4\r\n\
+                content-length: 33554432\r\n\r\n";
+    let answer = tokio::time::timeout(std::time::Duration::from_secs(10), raw(g.addr, head, b""))
+        .await
+        .expect("answered before the body");
+    assert!(answer.starts_with("HTTP/1.1 409"), "{answer}");
+    assert!(
+        answer.contains("\"presented\":4") && answer.contains("\"current\":5"),
+        "{answer}"
+    );
+    assert_eq!(files_in(&g.dir.path().join("tmp")), 0);
+}

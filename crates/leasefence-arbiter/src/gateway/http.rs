@@ -3,8 +3,10 @@
 //!
 //! Order of checks on a write: key, fence headers (428 / 400), mode and
 //! conditional headers (400), `Content-Length` against the limit (413, before
-//! any byte is read), the streamed body (413 as soon as it crosses the limit),
-//! then the commit: stale (409) before preconditions (412).
+//! any byte is read), the fence against the recorded token (409, before any
+//! byte is read), the streamed body (413 as soon as it crosses the limit),
+//! then the commit, which checks the fence again: stale (409) before
+//! preconditions (412).
 
 use std::sync::Arc;
 
@@ -186,6 +188,8 @@ async fn put_object(
     if declared.is_some_and(|n| n > limit) {
         return Err(Refusal::TooLarge { limit });
     }
+    let (s, f) = (Arc::clone(&store), fence.clone());
+    blocking(move || s.precheck(&f, mode)).await??;
     let (pending, file) = blob::receive(store.data_dir(), limit, body.into_data_stream())
         .await
         .map_err(|e| match e {

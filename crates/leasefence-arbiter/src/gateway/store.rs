@@ -23,6 +23,8 @@ use crate::error::redb_err;
 /// Object key -> [`Record`], encoded by [`Record::encode`].
 const OBJECTS: TableDefinition<&str, &[u8]> = TableDefinition::new("leasefence_gateway_objects");
 const DB_FILE: &str = "gateway.redb";
+/// The `backend` label of the gateway's rejections.
+pub(crate) const BACKEND: &str = "gateway";
 
 /// Where a key points: its blob and what the write that made it carried.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -118,7 +120,7 @@ impl Store {
         for sub in [dir.to_path_buf(), dir.join(TMP_DIR), dir.join(BLOBS_DIR)] {
             std::fs::create_dir_all(&sub).map_err(io_err("cannot create the directory", &sub))?;
         }
-        let arbiter = EmbeddedArbiter::open(&dir.join(DB_FILE))?;
+        let arbiter = EmbeddedArbiter::open(&dir.join(DB_FILE))?.labelled(BACKEND);
         let tx = arbiter.database().begin_write().map_err(redb_err)?;
         tx.open_table(OBJECTS).map_err(redb_err)?;
         tx.commit().map_err(redb_err)?;
@@ -289,6 +291,15 @@ impl Store {
 
     pub(crate) fn last_token(&self, resource: &ResourceId) -> Result<Option<Token>, ArbiterError> {
         self.arbiter.last_token(resource)
+    }
+
+    /// The rule against the recorded token, before a body is received: a
+    /// stale writer is refused without sending its bytes. The commit checks
+    /// again; this only saves the upload.
+    pub(crate) fn precheck(&self, fence: &Fence, mode: FenceMode) -> Result<(), ArbiterError> {
+        let current = self.last_token(&fence.resource)?;
+        leasefence_core::admit(mode, &fence.resource, current, fence.token)
+            .map_err(|stale| crate::reject::rejected(BACKEND, stale))
     }
 }
 
