@@ -286,3 +286,44 @@ async fn a_stale_put_is_refused_before_its_body_is_sent() {
     );
     assert_eq!(files_in(&g.dir.path().join("tmp")), 0);
 }
+
+#[tokio::test]
+async fn a_body_cut_short_commits_nothing() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let g = start(1 << 20).await;
+    let head = "PUT /objects/cut HTTP/1.1\r\nhost: x\r\nleasefence-resource: cut\r\nleasefence-token: 1\r\n\
+                content-length: 100\r\n\r\n";
+    let mut s = tokio::net::TcpStream::connect(g.addr).await.expect("connect");
+    s.write_all(head.as_bytes()).await.expect("head");
+    s.write_all(&[b'x'; 50]).await.expect("half the body");
+    s.shutdown().await.expect("the writer goes away");
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer).await;
+    assert!(
+        !answer.starts_with("HTTP/1.1 2"),
+        "a torn body must not be accepted: {answer}"
+    );
+    let c = reqwest::Client::new();
+    let resp = c.get(format!("{}/objects/cut", g.url)).go().await;
+    assert_eq!(
+        resp.status(),
+        StatusCode::NOT_FOUND,
+        "nothing of the torn body is served"
+    );
+    let fence = c.get(format!("{}/fences/cut", g.url)).go().await;
+    assert_eq!(fence.status(), StatusCode::NOT_FOUND, "and its token is not recorded");
+    // The refusal is handled before the answer above, but the file may close just after.
+    for _ in 0..100 {
+        if files_in(&g.dir.path().join("tmp")) == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(files_in(&g.dir.path().join("tmp")), 0);
+    let retry = put(&c, &g, "cut", "cut", 1).body("whole").go().await;
+    assert_eq!(
+        retry.status(),
+        StatusCode::CREATED,
+        "the same token may write once a body arrives whole"
+    );
+}

@@ -78,7 +78,7 @@ fn object_key(path: Result<Path<String>, PathRejection>) -> Result<String, Refus
     Ok(key)
 }
 
-/// The fence of a write: required, strict.
+/// The fence of a write (required) and its mode (strict unless `leasefence-mode: monotonic`).
 fn write_fence(headers: &HeaderMap) -> Result<(Fence, FenceMode), Refusal> {
     let fence = fence_from_headers(headers)
         .map_err(Refusal::BadFence)?
