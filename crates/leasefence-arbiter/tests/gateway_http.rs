@@ -234,6 +234,13 @@ async fn etags_if_match_head_delete_and_listing() {
         (rest["objects"].as_array().map(Vec::len), rest["truncated"].clone()),
         (Some(1), false.into())
     );
+    let nowhere = c.get(format!("{}/object/docs/a", g.url)).go().await;
+    assert_eq!(nowhere.status(), StatusCode::NOT_FOUND);
+    let body: Value = nowhere.json().await.expect("json");
+    assert!(
+        body["message"].as_str().is_some_and(|m| m.contains("/objects/{key}")),
+        "{body}"
+    );
     let bad = c.get(format!("{}/objects?prefx=docs/", g.url)).go().await;
     assert_eq!(
         bad.status(),

@@ -41,12 +41,7 @@ pub(crate) fn router(store: Arc<Store>) -> Router {
             get(get_object).head(head_object).put(put_object).delete(delete_object),
         )
         .route("/fences/{*resource}", get(fence))
-        .fallback(|| async {
-            Refusal::NotFound {
-                what: "route; the gateway serves",
-                name: "/objects/{key}, /objects?prefix=P, /fences/{resource}".to_string(),
-            }
-        })
+        .fallback(|| async { Refusal::NoRoute })
         .with_state(store)
 }
 

@@ -28,6 +28,8 @@ pub(crate) enum Refusal {
     TooLarge { limit: u64 },
     /// 404: no object under the key, or no fence for the resource.
     NotFound { what: &'static str, name: String },
+    /// 404: a path the gateway does not serve.
+    NoRoute,
     /// 400: the request body ended before it was complete.
     BodyFailed(String),
     /// 500: logged, not shown.
@@ -96,6 +98,11 @@ impl IntoResponse for Refusal {
             Refusal::NotFound { what, name } => (
                 StatusCode::NOT_FOUND,
                 json!({"error": "not_found", "message": format!("no {what} {name:?}")}),
+            ),
+            Refusal::NoRoute => (
+                StatusCode::NOT_FOUND,
+                json!({"error": "not_found", "message": "no such route: the gateway serves GET /, \
+                       PUT/GET/HEAD/DELETE /objects/{key}, GET /objects?prefix=P and GET /fences/{resource}"}),
             ),
             Refusal::BodyFailed(why) => (
                 StatusCode::BAD_REQUEST,
