@@ -190,7 +190,7 @@ async fn put_object(
         .map_err(|e| match e {
             BodyError::TooLarge { limit } => Refusal::TooLarge { limit },
             BodyError::Body(why) => Refusal::BodyFailed(why),
-            BodyError::Io(e) => Refusal::Internal(format!("cannot store the body: {e}")),
+            BodyError::Io(e) => io_refusal("cannot store the body", e),
         })?;
     let (s, k, f) = (Arc::clone(&store), key.clone(), fence.clone());
     let (record, old) = blocking(move || s.commit_put(&k, &f, mode, &pre, pending, file))
@@ -223,7 +223,15 @@ fn write_refusal(e: WriteError) -> Refusal {
         WriteError::Arbiter(a) => a.into(),
         WriteError::Precondition(p) => Refusal::Precondition(p),
         WriteError::NotFound => Refusal::Internal("a put found no object to replace".to_string()),
-        WriteError::Io(e) => Refusal::Internal(format!("cannot make the body durable: {e}")),
+        WriteError::Io(e) => io_refusal("cannot make the body durable", e),
+    }
+}
+
+/// A full disk is the client's 507 (retry later); any other I/O error is ours.
+fn io_refusal(what: &str, e: std::io::Error) -> Refusal {
+    match e.kind() {
+        std::io::ErrorKind::StorageFull => Refusal::InsufficientStorage(format!("{what}: {e}")),
+        _ => Refusal::Internal(format!("{what}: {e}")),
     }
 }
 

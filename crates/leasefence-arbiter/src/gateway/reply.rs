@@ -32,6 +32,8 @@ pub(crate) enum Refusal {
     NoRoute,
     /// 400: the request body ended before it was complete.
     BodyFailed(String),
+    /// 507: the disk is full; the body was discarded.
+    InsufficientStorage(String),
     /// 500: logged, not shown.
     Internal(String),
 }
@@ -108,6 +110,14 @@ impl IntoResponse for Refusal {
                 StatusCode::BAD_REQUEST,
                 json!({"error": "body_incomplete", "message": format!("the request body did not arrive whole, nothing was written: {why}")}),
             ),
+            Refusal::InsufficientStorage(why) => {
+                tracing::warn!(error = %why, "an object did not fit on the disk");
+                (
+                    StatusCode::INSUFFICIENT_STORAGE,
+                    json!({"error": "insufficient_storage", "message": "the gateway's disk is full: nothing was \
+                           written; delete objects or give --data-dir more space, then retry with the same token"}),
+                )
+            }
             Refusal::Internal(why) => {
                 tracing::error!(error = %why, "gateway request failed");
                 (

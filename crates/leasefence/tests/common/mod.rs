@@ -5,6 +5,7 @@
 
 pub mod gateway;
 pub mod ha;
+pub mod tmpfs;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
