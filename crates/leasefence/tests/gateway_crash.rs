@@ -17,12 +17,23 @@ use reqwest::StatusCode;
 use sha2::{Digest, Sha256};
 
 const CYCLES: u64 = 60;
-const KEYS: [&str; 2] = ["crash/one", "crash/two"];
+/// Two keys of large objects, and one of small ones that commits often, so
+/// that kills also land between a blob's rename, its commit and the removal
+/// of the blob it replaced.
+const KEYS: [&str; 3] = ["crash/large-1", "crash/large-2", "crash/small"];
+
+/// 8-byte words of the version `token` of key number `k`.
+fn words(k: usize, token: u64) -> u64 {
+    match k {
+        0 | 1 => (1 << 18) + (token % 7) * (1 << 17), // 2 MiB ..= 8 MiB
+        _ => (1 << 12) + (token % 5) * (1 << 12),     // 32 KiB ..= 160 KiB
+    }
+}
 
 /// The bytes written under `token`: every 8-byte word names the token and its
 /// own position, so any mix of two versions or any truncation is visible.
-fn content(token: u64) -> Vec<u8> {
-    let words = (1 << 18) + (token % 7) * (1 << 17); // 2 MiB ..= 8 MiB
+fn content(k: usize, token: u64) -> Vec<u8> {
+    let words = words(k, token);
     let mut v = Vec::with_capacity(words as usize * 8);
     for i in 0..words {
         v.extend_from_slice(&((token << 32) | i).to_le_bytes());
@@ -40,7 +51,8 @@ struct Progress {
 }
 
 /// PUTs ever newer versions of `key` until the gateway dies.
-async fn write_until_dead(url: String, key: &'static str, first: u64, p: Arc<Progress>) {
+async fn write_until_dead(url: String, k: usize, first: u64, p: Arc<Progress>) {
+    let key = KEYS[k];
     let client = reqwest::Client::new();
     let mut token = first;
     loop {
@@ -49,7 +61,7 @@ async fn write_until_dead(url: String, key: &'static str, first: u64, p: Arc<Pro
             .put(format!("{url}/objects/{key}"))
             .header("leasefence-resource", key)
             .header("leasefence-token", token)
-            .body(content(token))
+            .body(content(k, token))
             .send()
             .await;
         match sent {
@@ -70,7 +82,8 @@ fn hex_sha256(bytes: &[u8]) -> String {
 
 /// What a restarted gateway serves for `key`: `(token, fence token)`, after
 /// checking the bytes are whole.
-async fn served(url: &str, key: &str) -> Option<(u64, u64)> {
+async fn served(url: &str, k: usize) -> Option<(u64, u64)> {
+    let key = KEYS[k];
     let resp = reqwest::get(format!("{url}/objects/{key}")).await.expect("get");
     if resp.status() == StatusCode::NOT_FOUND {
         return None;
@@ -84,7 +97,7 @@ async fn served(url: &str, key: &str) -> Option<(u64, u64)> {
     let etag = resp.headers()["etag"].to_str().expect("ascii").to_string();
     let body = resp.bytes().await.expect("body");
     assert!(
-        body.as_ref() == content(token).as_slice(),
+        body.as_ref() == content(k, token).as_slice(),
         "{key}: the bytes served with token {token} are not that version's ({} bytes)",
         body.len()
     );
@@ -98,6 +111,21 @@ async fn served(url: &str, key: &str) -> Option<(u64, u64)> {
     Some((token, fence["token"].as_u64().expect("fence token")))
 }
 
+/// `(temp files, unreferenced blobs)` the gateway says it swept at start.
+fn swept(banner: &str) -> (u64, u64) {
+    let n = |after: &str| {
+        let rest = banner
+            .split(after)
+            .nth(1)
+            .unwrap_or_else(|| panic!("no {after:?} in {banner:?}"));
+        rest.split_whitespace()
+            .next()
+            .and_then(|w| w.parse().ok())
+            .expect("a count")
+    };
+    (n("swept "), n(" temp files and "))
+}
+
 fn count(dir: &Path) -> usize {
     std::fs::read_dir(dir).expect("read dir").count()
 }
@@ -106,21 +134,21 @@ fn count(dir: &Path) -> usize {
 async fn sigkill_during_large_puts_never_tears_an_object_or_splits_it_from_its_fence() {
     let dir = tempfile::tempdir().expect("tempdir");
     let progress: Vec<Arc<Progress>> = KEYS.iter().map(|_| Arc::default()).collect();
-    let (mut swept_total, mut in_flight_committed) = (0u64, 0u64);
+    let (mut swept_temp, mut swept_orphans, mut in_flight_committed) = (0u64, 0u64, 0u64);
     for cycle in 0..=CYCLES {
         let gateway = GatewayProc::start(dir.path(), &["--object-size-max", "16MiB"]);
-        if cycle > 0 {
-            swept_total += u64::from(!gateway.banner.contains("swept 0 temp files and 0 unreferenced"));
-        }
+        let (temp, orphans) = swept(&gateway.banner);
+        swept_temp += temp;
+        swept_orphans += orphans;
         assert_eq!(
             count(&dir.path().join("tmp")),
             0,
             "cycle {cycle}: temp files were swept"
         );
         let mut present = 0;
-        for (key, p) in KEYS.iter().zip(&progress) {
+        for (k, (key, p)) in KEYS.iter().zip(&progress).enumerate() {
             let (acked, sent) = (p.acked.load(Ordering::SeqCst), p.sent.load(Ordering::SeqCst));
-            match served(&gateway.url, key).await {
+            match served(&gateway.url, k).await {
                 None => assert_eq!(acked, 0, "cycle {cycle}: {key}: acknowledged {acked} was lost"),
                 Some((token, fence)) => {
                     present += 1;
@@ -147,12 +175,12 @@ async fn sigkill_during_large_puts_never_tears_an_object_or_splits_it_from_its_f
         if cycle == CYCLES {
             break;
         }
-        let writers: Vec<_> = KEYS
+        let writers: Vec<_> = progress
             .iter()
-            .zip(&progress)
-            .map(|(key, p)| {
+            .enumerate()
+            .map(|(k, p)| {
                 let first = p.sent.load(Ordering::SeqCst) + 1;
-                tokio::spawn(write_until_dead(gateway.url.clone(), key, first, Arc::clone(p)))
+                tokio::spawn(write_until_dead(gateway.url.clone(), k, first, Arc::clone(p)))
             })
             .collect();
         // Kill at a varying moment: while bodies stream, fsync or commit.
@@ -165,10 +193,10 @@ async fn sigkill_during_large_puts_never_tears_an_object_or_splits_it_from_its_f
     let acked_total: u64 = progress.iter().map(|p| p.acks.load(Ordering::SeqCst)).sum();
     eprintln!(
         "{CYCLES} kills; {acked_total} writes acknowledged, {in_flight_committed} unacknowledged writes found \
-         committed after a restart, {swept_total} restarts swept leftovers"
+         committed after a restart; restarts swept {swept_temp} temp files and {swept_orphans} unreferenced blobs"
     );
     assert!(
-        swept_total > 0,
-        "some kill must land mid-write and leave something to sweep"
+        swept_temp > 0,
+        "some kill must land mid-body and leave a temp file to sweep"
     );
 }
