@@ -54,6 +54,9 @@ pub enum GatewayError {
         path: String,
         source: std::io::Error,
     },
+    /// Another process (another gateway) has the data directory's database open.
+    #[error("{path} is in use by another gateway (its database is locked); give each gateway its own --data-dir")]
+    InUse { path: String },
     #[error(transparent)]
     Store(#[from] ArbiterError),
     #[error(transparent)]

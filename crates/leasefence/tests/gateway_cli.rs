@@ -1,7 +1,8 @@
 //! `leasefence gateway` from the command line: `arbiter check http://…` runs
 //! the pause kit against the real gateway process (0 stale accepted),
-//! `arbiter install http://…` only checks that a gateway answers, and bad
-//! flags are refused at start with a message and exit 2.
+//! `arbiter install http://…` only checks that a gateway answers, bad flags
+//! are refused at start with a message and exit 2, and a data directory in
+//! use by another gateway is refused (its temp files are not swept from under it).
 
 mod common;
 
@@ -26,6 +27,21 @@ fn arbiter_check_against_a_running_gateway_accepts_no_stale_effect() {
     assert!(
         out.contains("leasefence gateway version") && out.contains("nothing was written"),
         "{out}"
+    );
+}
+
+#[test]
+fn a_second_gateway_on_the_same_data_dir_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let first = GatewayProc::start(dir.path(), &[]);
+    let d = dir.path().to_str().expect("utf-8 path");
+    let (code, _, err) = cli(&["gateway", "--data-dir", d, "--listen", "127.0.0.1:0"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("in use by another gateway"), "{err}");
+    let addr = first.url.trim_start_matches("http://");
+    assert!(
+        std::net::TcpStream::connect(addr).is_ok(),
+        "the first gateway still serves"
     );
 }
 

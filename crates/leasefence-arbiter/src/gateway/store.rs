@@ -120,7 +120,15 @@ impl Store {
         for sub in [dir.to_path_buf(), dir.join(TMP_DIR), dir.join(BLOBS_DIR)] {
             std::fs::create_dir_all(&sub).map_err(io_err("cannot create the directory", &sub))?;
         }
-        let arbiter = EmbeddedArbiter::open(&dir.join(DB_FILE))?.labelled(BACKEND);
+        let arbiter = match EmbeddedArbiter::open(&dir.join(DB_FILE)) {
+            Ok(a) => a.labelled(BACKEND),
+            Err(ArbiterError::Embedded(redb::Error::DatabaseAlreadyOpen)) => {
+                return Err(GatewayError::InUse {
+                    path: dir.display().to_string(),
+                });
+            }
+            Err(e) => return Err(e.into()),
+        };
         let tx = arbiter.database().begin_write().map_err(redb_err)?;
         tx.open_table(OBJECTS).map_err(redb_err)?;
         tx.commit().map_err(redb_err)?;
