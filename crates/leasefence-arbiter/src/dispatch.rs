@@ -3,21 +3,22 @@
 //! Schemes: `postgres://` and `postgresql://` (tokio-postgres URL syntax, no
 //! TLS), `sqlite://PATH` (`sqlite:///abs/file.db` or `sqlite://rel/file.db`),
 //! `redis://` (the Functions library) and `redis+module://` (the same server
-//! address, through the native module). Anything else is an
+//! address, through the native module), and with the `gateway` feature
+//! `http://` (a running fenced object-store gateway). Anything else is an
 //! [`ArbiterError::Invalid`] naming the schemes; a known scheme whose backend
 //! this build left out is an [`ArbiterError::Invalid`] naming the cargo
 //! feature to enable.
 
 #[cfg(feature = "sqlite")]
 use std::path::PathBuf;
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "redis"))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "redis", feature = "gateway"))]
 use std::sync::Arc;
 
 use leasefence_core::Invalid;
 #[cfg(feature = "postgres")]
 use tokio_postgres::IsolationLevel;
 
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "redis"))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "redis", feature = "gateway"))]
 use crate::pause_check;
 #[cfg(feature = "postgres")]
 use crate::targets::PostgresTarget;
@@ -39,6 +40,9 @@ pub enum BackendUrl {
     /// A `redis+module://` URL, held as the `redis://` URL to connect to.
     #[cfg(feature = "redis")]
     RedisModule(String),
+    /// An `http://` URL of a running `leasefence gateway`.
+    #[cfg(feature = "gateway")]
+    Gateway(String),
 }
 
 impl BackendUrl {
@@ -50,7 +54,12 @@ impl BackendUrl {
             #[cfg(feature = "redis")]
             Some("redis") => Ok(BackendUrl::Redis(url.to_string())),
             #[cfg(feature = "redis")]
-            Some("redis+module") => Ok(BackendUrl::RedisModule(format!("redis://{}", &url["redis+module://".len()..]))),
+            Some("redis+module") => Ok(BackendUrl::RedisModule(format!(
+                "redis://{}",
+                &url["redis+module://".len()..]
+            ))),
+            #[cfg(feature = "gateway")]
+            Some("http") => Ok(BackendUrl::Gateway(url.to_string())),
             #[cfg(feature = "sqlite")]
             Some("sqlite") => {
                 let path = &url["sqlite://".len()..];
@@ -66,9 +75,14 @@ impl BackendUrl {
             Some(s @ ("redis" | "redis+module")) => Err(compiled_out(s, "redis")),
             #[cfg(not(feature = "sqlite"))]
             Some(s @ "sqlite") => Err(compiled_out(s, "sqlite")),
+            #[cfg(not(feature = "gateway"))]
+            Some(s @ "http") => Err(compiled_out(s, "gateway")),
             _ => Err(Invalid::new(
                 "url",
-                format!("unsupported arbiter URL {url:?}: use postgres://, postgresql://, sqlite://PATH, redis:// or redis+module://"),
+                format!(
+                    "unsupported arbiter URL {url:?}: use postgres://, postgresql://, sqlite://PATH, redis://, \
+                     redis+module:// or http:// (a leasefence gateway)"
+                ),
             )
             .into()),
         }
@@ -76,7 +90,7 @@ impl BackendUrl {
 }
 
 /// A known scheme whose backend this build does not contain.
-#[cfg(not(all(feature = "postgres", feature = "sqlite", feature = "redis")))]
+#[cfg(not(all(feature = "postgres", feature = "sqlite", feature = "redis", feature = "gateway")))]
 fn compiled_out(scheme: &str, feature: &str) -> ArbiterError {
     let msg = format!(
         "{scheme}:// needs the {feature} arbiter, which this build leaves out: \
@@ -96,7 +110,7 @@ pub struct Installed {
 }
 
 impl Installed {
-    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    #[cfg(any(feature = "postgres", feature = "sqlite", feature = "gateway"))]
     fn new(what: String) -> Installed {
         Installed {
             what,
@@ -161,6 +175,16 @@ pub async fn install(url: &str) -> Result<Installed, ArbiterError> {
                 crate::sqlite::SCHEMA_VERSION
             )))
         }
+        #[cfg(feature = "gateway")]
+        BackendUrl::Gateway(u) => {
+            let version = crate::targets::GatewayTarget::connect(&u)
+                .await?
+                .check_service()
+                .await?;
+            Ok(Installed::new(format!(
+                "leasefence gateway version {version} (it keeps its fences itself; nothing was written)"
+            )))
+        }
     }
 }
 
@@ -185,6 +209,10 @@ pub async fn check(url: &str, trials: u32) -> Result<Report, ArbiterError> {
         BackendUrl::RedisModule(u) => redis_check(&u, crate::redis::Via::Module, trials).await,
         #[cfg(feature = "sqlite")]
         BackendUrl::Sqlite(path) => pause_check(&Arc::new(SqliteTarget::open(&path).await?), trials).await,
+        #[cfg(feature = "gateway")]
+        BackendUrl::Gateway(u) => {
+            pause_check(&Arc::new(crate::targets::GatewayTarget::connect(&u).await?), trials).await
+        }
     }
 }
 

@@ -26,19 +26,29 @@ pub const KV: TableDefinition<&str, &[u8]> = TableDefinition::new("leasefence_kv
 
 pub struct EmbeddedArbiter {
     db: Database,
+    /// The `backend` label of its rejections.
+    backend: &'static str,
 }
 
 impl EmbeddedArbiter {
     /// Opens (creating if needed) the store file at `path`.
     pub fn open(path: &Path) -> Result<EmbeddedArbiter, ArbiterError> {
         let db = Database::create(path).map_err(redb_err)?;
-        let arbiter = EmbeddedArbiter { db };
+        let arbiter = EmbeddedArbiter { db, backend: BACKEND };
         let mut tx = arbiter.begin()?;
         tx.open_table(FENCES).map_err(redb_err)?;
         tx.open_table(KV).map_err(redb_err)?;
         tx.set_durability(Durability::Immediate).map_err(redb_err)?;
         tx.commit().map_err(redb_err)?;
         Ok(arbiter)
+    }
+
+    /// Counts and logs rejections under `backend` instead of `embedded` (for
+    /// a service built on this store, such as the gateway).
+    #[cfg(feature = "gateway")]
+    pub(crate) fn labelled(mut self, backend: &'static str) -> EmbeddedArbiter {
+        self.backend = backend;
+        self
     }
 
     fn begin(&self) -> Result<WriteTransaction, ArbiterError> {
@@ -61,7 +71,7 @@ impl EmbeddedArbiter {
         E: From<ArbiterError>,
     {
         let tx = self.begin()?;
-        admit_in(&tx, fence, mode)?;
+        admit_in(&tx, fence, mode, self.backend)?;
         let out = effect(&tx)?;
         tx.commit().map_err(redb_err)?;
         Ok(out)
@@ -128,13 +138,13 @@ impl EmbeddedArbiter {
 }
 
 /// The rule inside an open write transaction: check, then record.
-fn admit_in(tx: &WriteTransaction, fence: &Fence, mode: FenceMode) -> Result<(), ArbiterError> {
+fn admit_in(tx: &WriteTransaction, fence: &Fence, mode: FenceMode, backend: &'static str) -> Result<(), ArbiterError> {
     let mut fences = tx.open_table(FENCES).map_err(redb_err)?;
     let key = fence.resource.as_str();
     let current = fences.get(key).map_err(redb_err)?.map(|v| v.value());
     let current = current.map(decode_token).transpose()?;
     if let Err(stale) = admit(mode, &fence.resource, current, fence.token) {
-        return Err(rejected(BACKEND, stale));
+        return Err(rejected(backend, stale));
     }
     fences.insert(key, fence.token.get()).map_err(redb_err)?;
     Ok(())

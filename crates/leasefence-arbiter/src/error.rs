@@ -84,6 +84,11 @@ pub enum ArbiterError {
     #[cfg(feature = "embedded")]
     #[error("embedded store: {0}")]
     Embedded(#[from] redb::Error),
+    /// The fenced object-store gateway could not be reached, or answered
+    /// outside its API (see `crate::gateway`).
+    #[cfg(feature = "gateway")]
+    #[error("gateway: {0}")]
+    Gateway(String),
     /// A background task of the arbiter itself failed (panicked or was cancelled).
     #[error("arbiter task failed: {0}")]
     Task(String),

@@ -11,7 +11,9 @@
 //!   language inside your own transaction) and Rust helpers around it;
 //! - `sqlite`: the same contract inside a `rusqlite::Transaction`;
 //! - `redis`: a Redis Functions library with fenced `SET`, `DEL`, `HSET`, `XADD`;
-//! - `embedded`: an in-process fenced key-value store on redb.
+//! - `embedded`: an in-process fenced key-value store on redb;
+//! - `gateway`: a fenced object store over HTTP, whose object bytes and
+//!   fence commit together (on the embedded arbiter).
 //!
 //! Propagation layers, one feature each: `http` (axum extractors and
 //! responses, a reqwest helper) and `grpc` (tonic interceptors and statuses),
@@ -34,6 +36,8 @@ mod dispatch;
 #[cfg(feature = "embedded")]
 pub mod embedded;
 mod error;
+#[cfg(feature = "gateway")]
+pub mod gateway;
 #[cfg(feature = "grpc")]
 pub mod grpc;
 #[cfg(feature = "http")]

@@ -9,6 +9,8 @@
 
 #[cfg(feature = "embedded")]
 mod embedded;
+#[cfg(feature = "gateway")]
+mod gateway;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "redis")]
@@ -18,6 +20,8 @@ mod sqlite;
 
 #[cfg(feature = "embedded")]
 pub use embedded::EmbeddedTarget;
+#[cfg(feature = "gateway")]
+pub use gateway::GatewayTarget;
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresTarget;
 #[cfg(feature = "redis")]

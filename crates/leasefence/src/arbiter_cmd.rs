@@ -11,7 +11,7 @@
 //! `leasefence_kv (key, value, resource, token)` and
 //! `leasefence_kv_history (seq, key, value, resource, token)`. On Redis
 //! (`redis://`, `redis+module://`) it is a fenced `SET KEY VALUE`, without a
-//! history.
+//! history; on a gateway (`http://`) a fenced `PUT /objects/KEY` of VALUE.
 
 use clap::{Subcommand, ValueEnum};
 use leasefence_arbiter::redis::Via;
@@ -23,7 +23,7 @@ use crate::{CmdResult, Failure};
 #[derive(Subcommand, Debug)]
 pub enum ArbiterCommand {
     /// Install (or upgrade) the fence table and functions: postgres://, sqlite://PATH, redis://
-    /// (redis+module:// only checks that the module is loaded). A Redis that may evict fence
+    /// (redis+module:// only checks that the module is loaded; http:// that a gateway answers). A Redis that may evict fence
     /// keys (maxmemory-policy allkeys-*) is refused (exit 5); no persistence is a warning.
     Install { url: String },
     /// The pause test kit: prove a real arbiter rejects a paused worker's stale effect.
@@ -34,7 +34,7 @@ pub enum ArbiterCommand {
         trials: u32,
     },
     /// Write KEY=VALUE through the arbiter at URL (sqlite://PATH, postgres://…, or a fenced
-    /// SET on redis://… or redis+module://…), fenced by LEASEFENCE_RESOURCE and
+    /// SET on redis://… or redis+module://…, a PUT on a gateway's http://…), fenced by LEASEFENCE_RESOURCE and
     /// LEASEFENCE_TOKEN. Exit 5 if stale.
     Put {
         url: String,
@@ -156,6 +156,12 @@ async fn put(url: &str, fence: &Fence, mode: FenceMode, key: &str, value: &str) 
         BackendUrl::Postgres(u) => postgres_put(&u, fence, mode, key, value).await,
         BackendUrl::Redis(u) => redis_put(&u, Via::Functions, fence, mode, key, value).await,
         BackendUrl::RedisModule(u) => redis_put(&u, Via::Module, fence, mode, key, value).await,
+        BackendUrl::Gateway(u) => {
+            let body = value.as_bytes().to_vec();
+            leasefence_arbiter::gateway::client::put(&u, fence, mode, key, body)
+                .await
+                .map(drop)
+        }
     }
 }
 

@@ -8,7 +8,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use leasefence_client::{Client, ClientOptions};
 
 use crate::{
-    CmdResult, Failure, arbiter_cmd, bench, client_cmds, demo, elect_cmd, observe_cmd, run_cmd, serve, watch_cmd,
+    CmdResult, Failure, arbiter_cmd, bench, client_cmds, demo, elect_cmd, gateway_cmd, observe_cmd, run_cmd, serve,
+    watch_cmd,
 };
 
 /// leasefence: leases with fencing tokens, and the arbiters that enforce them.
@@ -22,7 +23,7 @@ pub struct Cli {
 impl Cli {
     pub fn default_log_level(&self) -> &'static str {
         match self.command {
-            Command::Serve(_) => "info",
+            Command::Serve(_) | Command::Gateway(_) => "info",
             _ => "warn",
         }
     }
@@ -66,6 +67,9 @@ pub enum Command {
     /// Resource-side arbiters: install, check, put.
     #[command(subcommand)]
     Arbiter(arbiter_cmd::ArbiterCommand),
+    /// The fenced object store: an HTTP gateway whose writes carry a fence,
+    /// committed atomically with the object's bytes.
+    Gateway(gateway_cmd::GatewayArgs),
     /// Print grants, releases and expiries of a resource (or prefix) as they happen.
     Watch(watch_cmd::WatchArgs),
     /// The paused-worker story, end to end, in one process.
@@ -239,6 +243,7 @@ pub async fn run(cli: Cli) -> CmdResult {
         Command::Elect(a) => elect_cmd::run(a).await,
         Command::Observe(a) => observe_cmd::run(a).await,
         Command::Arbiter(c) => arbiter_cmd::run(c).await,
+        Command::Gateway(a) => gateway_cmd::run(a).await,
         Command::Watch(a) => watch_cmd::run(a).await,
         Command::Demo => demo::run().await,
         Command::Bench(a) => bench::run(a).await,

@@ -1,5 +1,6 @@
 //! The `leasefence` command line: the coordinator (`serve`), its client
-//! commands, the arbiter tools, the demo and the benchmark.
+//! commands, the arbiter tools, the fenced object-store gateway, the demo
+//! and the benchmark.
 //!
 //! Exit codes: 0 ok, 1 unreachable or internal error, 2 invalid input,
 //! 3 busy (held by another), 4 lease lost or unknown lease, 5 a check found
@@ -15,6 +16,7 @@ mod cli;
 mod client_cmds;
 mod demo;
 mod elect_cmd;
+mod gateway_cmd;
 mod observe_cmd;
 mod run_cmd;
 mod serve;

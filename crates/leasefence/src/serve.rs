@@ -154,7 +154,7 @@ async fn bind_etcd(_: ServerConfig, _: &str, _: Option<String>, _: HaConfig) -> 
 }
 
 /// Completes on SIGINT or SIGTERM.
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let term = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(mut s) => {

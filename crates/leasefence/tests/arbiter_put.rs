@@ -1,6 +1,6 @@
 //! `leasefence arbiter put URL KEY VALUE`: the fence from the environment,
 //! `accepted` / exit 0, a stale token rejected with exit 5 and nothing
-//! written, missing fence → exit 2. SQLite always; PostgreSQL, Redis (the
+//! written, missing fence → exit 2. SQLite and the gateway always; PostgreSQL, Redis (the
 //! Functions library) and the Redis module when `LEASEFENCE_TEST_POSTGRES_URL`,
 //! `LEASEFENCE_TEST_REDIS_URL` and `LEASEFENCE_TEST_REDIS_MODULE_URL` are set
 //! (required under `CI=true`).
@@ -54,6 +54,18 @@ fn story(url: &str, resource: &str) {
     assert!(err.contains("LEASEFENCE_RESOURCE"), "{err}");
     let (code, _, _) = put(url, Some((resource, "zero")), resource, "bad");
     assert_eq!(code, 2);
+}
+
+#[tokio::test]
+async fn gateway_put_accepts_newer_tokens_and_rejects_stale_ones() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gateway = common::gateway::GatewayProc::start(dir.path(), &[]);
+    story(&gateway.url, "cli/put object");
+    let resp = reqwest::get(format!("{}/objects/cli/put%20object", gateway.url))
+        .await
+        .expect("get");
+    assert_eq!(resp.headers()["leasefence-token"], "3");
+    assert_eq!(resp.text().await.expect("body"), "by-3");
 }
 
 #[test]

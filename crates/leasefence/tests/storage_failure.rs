@@ -7,46 +7,18 @@
 mod common;
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::BIN;
+use common::tmpfs::Tmpfs;
 use serde_json::json;
-
-/// A tmpfs mounted for this test, unmounted on drop.
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn mount(dir: &Path, size: &str) -> Result<Tmpfs, String> {
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir)
-            .output()
-            .map_err(|e| format!("cannot run mount: {e}"))?;
-        if !out.status.success() {
-            return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
-        }
-        Ok(Tmpfs(dir.to_path_buf()))
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_stops_serve_with_exit_code_6() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let _fs = match Tmpfs::mount(dir.path(), "256k") {
-        Ok(fs) => fs,
-        Err(e) if std::env::var("CI").as_deref() == Ok("true") => panic!("cannot mount a tmpfs under CI: {e}"),
-        Err(e) => {
-            eprintln!("skipped: cannot mount a tmpfs (needs root): {e}");
-            return;
-        }
+    let Some(_fs) = Tmpfs::mount_or_skip(dir.path(), "256k") else {
+        return;
     };
     let mut serve = Command::new(BIN)
         .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])

@@ -3,7 +3,9 @@
 
 #![allow(dead_code)]
 
+pub mod gateway;
 pub mod ha;
+pub mod tmpfs;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -21,25 +23,7 @@ pub struct Coordinator {
 impl Coordinator {
     /// Starts `leasefence serve` on a free loopback port over `data_dir`.
     pub fn start(data_dir: &Path, extra: &[&str]) -> Coordinator {
-        let mut child = Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(data_dir)
-            .args(extra)
-            .env("LEASEFENCE_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn leasefence serve");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("read the listening line");
-        let addr = line
-            .strip_prefix("leasefence listening on ")
-            .and_then(|rest| rest.split_whitespace().next())
-            .unwrap_or_else(|| panic!("unexpected first line from serve: {line:?}"))
-            .to_string();
+        let (child, addr, _) = spawn_listening("serve", data_dir, extra, "leasefence listening on ");
         Coordinator {
             child,
             url: format!("http://{addr}"),
@@ -58,6 +42,31 @@ impl Drop for Coordinator {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Starts `leasefence COMMAND --listen 127.0.0.1:0 --data-dir DIR EXTRA…` and
+/// reads its first line, `PREFIX ADDR …`; returns the child, ADDR and the line.
+pub fn spawn_listening(command: &str, data_dir: &Path, extra: &[&str], prefix: &str) -> (Child, String, String) {
+    let mut child = Command::new(BIN)
+        .args([command, "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data_dir)
+        .args(extra)
+        .env("LEASEFENCE_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn leasefence {command}: {e}"));
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("read the listening line");
+    let addr = line
+        .strip_prefix(prefix)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("unexpected first line from {command}: {line:?}"))
+        .to_string();
+    (child, addr, line)
 }
 
 /// Runs the CLI with `args`; returns (exit code, stdout, stderr).

@@ -1,0 +1,112 @@
+//! The fenced object-store gateway: an HTTP object store (axum) whose writes
+//! carry a fence and whose bytes and fence commit together (redb).
+//!
+//! `PUT/GET/HEAD/DELETE /objects/{key}`, `GET /objects?prefix=P` (a listing)
+//! and `GET /fences/{resource}` (a fence key's `last_token`). Writes carry the
+//! fence headers of [`crate::propagate`]; the fence key is the resource the
+//! fence names, so one lease may guard many objects. The arbiter rule is the
+//! one of `leasefence-core`, strict unless `leasefence-mode: monotonic`.
+//!
+//! A write streams its body into a temp file under the data directory,
+//! fsyncs it, moves it among the blobs (fsyncing both directories), and only
+//! then, in **one** redb write transaction with `Durability::Immediate`,
+//! admits the fence, records its token and points the key at the new blob.
+//! Blobs are immutable, so a read never sees a torn object; the old blob is
+//! removed after the commit. On start the gateway removes every temp file and
+//! every blob no key points at: whatever a crash left behind. The wire
+//! format, status codes and JSON shapes are in the crate README, section
+//! "Fenced object store".
+
+mod blob;
+pub mod client;
+mod config;
+mod http;
+pub mod precondition;
+mod reply;
+mod store;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use leasefence_core::Invalid;
+
+use crate::ArbiterError;
+
+pub use config::{GatewayConfig, parse_size};
+pub use precondition::Etag;
+
+/// Header choosing the arbiter rule of one write: `strict` (the default) or `monotonic`.
+pub const HEADER_MODE: &str = "leasefence-mode";
+/// Longest object key, in bytes of UTF-8.
+pub const KEY_LEN_MAX: usize = 1024;
+/// Most entries one listing answers (`limit` defaults to it).
+pub const LIST_LIMIT_MAX: usize = 1000;
+/// What `GET /` answers in `service`, so a client can tell it reached a gateway.
+pub const SERVICE: &str = "leasefence-gateway";
+
+/// Why the gateway could not start or serve.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: String,
+        source: std::io::Error,
+    },
+    /// Another process (another gateway) has the data directory's database open.
+    #[error("{path} is in use by another gateway (its database is locked); give each gateway its own --data-dir")]
+    InUse { path: String },
+    #[error(transparent)]
+    Store(#[from] ArbiterError),
+    #[error(transparent)]
+    Invalid(#[from] Invalid),
+}
+
+/// A gateway bound to its address, its store opened and swept.
+pub struct Gateway {
+    listener: tokio::net::TcpListener,
+    store: Arc<store::Store>,
+    swept: store::Swept,
+}
+
+impl Gateway {
+    /// Opens (creating if needed) the store under the data directory, removes
+    /// what an earlier crash left behind, and binds the listen address.
+    pub async fn bind(config: GatewayConfig) -> Result<Gateway, GatewayError> {
+        let opened = {
+            let config = config.clone();
+            tokio::task::spawn_blocking(move || store::Store::open(&config))
+                .await
+                .map_err(|e| ArbiterError::Task(format!("gateway store open task failed: {e}")))??
+        };
+        let (store, swept) = opened;
+        let listener = tokio::net::TcpListener::bind(config.listen())
+            .await
+            .map_err(|source| GatewayError::Io {
+                what: "cannot listen on",
+                path: config.listen().to_string(),
+                source,
+            })?;
+        Ok(Gateway {
+            listener,
+            store: Arc::new(store),
+            swept,
+        })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// What the start-up sweep removed: `(temp files, unreferenced blobs)`.
+    pub fn swept(&self) -> (u64, u64) {
+        (self.swept.temp_files, self.swept.orphan_blobs)
+    }
+
+    /// Serves until `shutdown` completes, then lets requests in flight finish.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+        let app = http::router(self.store);
+        axum::serve(self.listener, app).with_graceful_shutdown(shutdown).await
+    }
+}

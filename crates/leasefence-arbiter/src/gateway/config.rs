@@ -1,0 +1,127 @@
+//! The gateway's settings, with their limits, and the size syntax of
+//! `--object-size-max` (`64MiB`, `512KiB`, `1048576`).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use leasefence_core::Invalid;
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
+const GIB: u64 = 1024 * MIB;
+const TIB: u64 = 1024 * GIB;
+
+/// Where the gateway listens, where it keeps its data, and how large an object may be.
+#[derive(Clone, Debug)]
+pub struct GatewayConfig {
+    listen: SocketAddr,
+    data_dir: PathBuf,
+    object_size_max: u64,
+}
+
+impl GatewayConfig {
+    pub const DEFAULT_LISTEN: &'static str = "127.0.0.1:7741";
+    /// Default largest object: 64 MiB.
+    pub const OBJECT_SIZE_MAX_DEFAULT: u64 = 64 * MIB;
+    /// The largest `object_size_max` accepted: 1 TiB.
+    pub const OBJECT_SIZE_MAX_LIMIT: u64 = TIB;
+
+    pub fn new(listen: SocketAddr, data_dir: impl Into<PathBuf>) -> GatewayConfig {
+        GatewayConfig {
+            listen,
+            data_dir: data_dir.into(),
+            object_size_max: Self::OBJECT_SIZE_MAX_DEFAULT,
+        }
+    }
+
+    /// Objects larger than `bytes` are refused with 413; 1..=1 TiB.
+    pub fn with_object_size_max(mut self, bytes: u64) -> Result<GatewayConfig, Invalid> {
+        if bytes == 0 || bytes > Self::OBJECT_SIZE_MAX_LIMIT {
+            return Err(Invalid::new(
+                "object_size_max",
+                format!(
+                    "must be 1 byte ..= 1TiB ({} bytes), got {bytes}",
+                    Self::OBJECT_SIZE_MAX_LIMIT
+                ),
+            ));
+        }
+        self.object_size_max = bytes;
+        Ok(self)
+    }
+
+    pub fn listen(&self) -> SocketAddr {
+        self.listen
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    pub fn object_size_max(&self) -> u64 {
+        self.object_size_max
+    }
+}
+
+/// A byte count: digits, optionally followed by `B`, `KiB`, `MiB`, `GiB` or `TiB`.
+pub fn parse_size(s: &str) -> Result<u64, Invalid> {
+    let bad = || {
+        Invalid::new(
+            "size",
+            format!(
+                "must be a whole number of bytes with an optional unit B, KiB, MiB, GiB or TiB (e.g. 64MiB), got {s:?}"
+            ),
+        )
+    };
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let scale = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => KIB,
+        "MiB" => MIB,
+        "GiB" => GIB,
+        "TiB" => TIB,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(scale)
+        .ok_or_else(|| Invalid::new("size", format!("{s:?} is more than {} bytes", u64::MAX)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_units() {
+        assert_eq!(parse_size("64MiB"), Ok(64 * MIB));
+        assert_eq!(parse_size("1 KiB"), Ok(KIB));
+        assert_eq!(parse_size("1048576"), Ok(MIB));
+        assert_eq!(parse_size("7B"), Ok(7));
+        assert_eq!(parse_size("2TiB"), Ok(2 * TIB));
+        for bad in [
+            "",
+            "MiB",
+            "-1",
+            "1.5MiB",
+            "64MB",
+            "64mib",
+            "1 KiB extra",
+            "99999999999999999999",
+        ] {
+            let e = parse_size(bad).expect_err(bad);
+            assert_eq!(e.field(), "size", "{bad}");
+        }
+        assert!(parse_size("64mb").unwrap_err().message().contains("KiB, MiB"));
+        assert!(parse_size("20000000TiB").unwrap_err().message().contains("more than"));
+    }
+
+    #[test]
+    fn object_size_max_is_bounded() {
+        let c = GatewayConfig::new("127.0.0.1:0".parse().expect("addr"), "d");
+        assert_eq!(c.object_size_max(), 64 * MIB);
+        assert_eq!(c.clone().with_object_size_max(1).map(|c| c.object_size_max()), Ok(1));
+        assert!(c.clone().with_object_size_max(0).is_err());
+        assert!(c.with_object_size_max(TIB + 1).is_err());
+    }
+}

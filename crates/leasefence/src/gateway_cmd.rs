@@ -1,0 +1,63 @@
+//! `leasefence gateway`: the fenced object-store gateway of
+//! `leasefence_arbiter::gateway`, with its flags checked at the edge.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Args;
+use leasefence_arbiter::gateway::{Gateway, GatewayConfig, parse_size};
+
+use crate::{CmdResult, Failure};
+
+#[derive(Args, Debug)]
+pub struct GatewayArgs {
+    /// Address of the HTTP API. Loopback only, unless --insecure: the
+    /// gateway has no access control of its own.
+    #[arg(long, default_value = GatewayConfig::DEFAULT_LISTEN, env = "LEASEFENCE_GATEWAY_LISTEN")]
+    pub listen: SocketAddr,
+    /// Directory of the objects and their fences (created if missing).
+    #[arg(long, env = "LEASEFENCE_GATEWAY_DATA_DIR")]
+    pub data_dir: PathBuf,
+    /// Largest object, in bytes with an optional unit B, KiB, MiB, GiB or TiB
+    /// (1B..=1TiB); larger bodies get 413.
+    #[arg(long, default_value = "64MiB", value_parser = object_size)]
+    pub object_size_max: u64,
+    /// Listen beyond loopback anyway (put an authenticating proxy in front).
+    #[arg(long)]
+    pub insecure: bool,
+}
+
+fn object_size(s: &str) -> Result<u64, String> {
+    let bytes = parse_size(s).map_err(|e| e.message().to_string())?;
+    if bytes == 0 || bytes > GatewayConfig::OBJECT_SIZE_MAX_LIMIT {
+        return Err(format!("must be 1B..=1TiB, got {s:?}"));
+    }
+    Ok(bytes)
+}
+
+pub async fn run(a: GatewayArgs) -> CmdResult {
+    if !a.listen.ip().is_loopback() && !a.insecure {
+        return Err(Failure::invalid(format!(
+            "--listen {} is not a loopback address, and the gateway has no access control: anyone who \
+             reaches it can write with any fence. Listen on 127.0.0.1 or ::1, or pass --insecure behind \
+             a proxy that authenticates",
+            a.listen
+        )));
+    }
+    let config = GatewayConfig::new(a.listen, a.data_dir.clone())
+        .with_object_size_max(a.object_size_max)
+        .map_err(|e| Failure::invalid(format!("--object-size-max: {}", e.message())))?;
+    let gateway = Gateway::bind(config).await?;
+    let (temp_files, orphan_blobs) = gateway.swept();
+    // One line on stdout, so scripts (and tests) learn the port when --listen used port 0.
+    println!(
+        "leasefence gateway listening on {} (data dir {}, objects up to {} bytes, swept {temp_files} temp \
+         files and {orphan_blobs} unreferenced blobs)",
+        gateway.local_addr()?,
+        a.data_dir.display(),
+        a.object_size_max
+    );
+    gateway.run(crate::serve::shutdown_signal()).await?;
+    tracing::info!("stopped");
+    Ok(())
+}

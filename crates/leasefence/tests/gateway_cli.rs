@@ -1,0 +1,89 @@
+//! `leasefence gateway` from the command line: `arbiter check http://…` runs
+//! the pause kit against the real gateway process (0 stale accepted),
+//! `arbiter install http://…` only checks that a gateway answers, bad flags
+//! are refused at start with a message and exit 2, and a data directory in
+//! use by another gateway is refused (its temp files are not swept from under it).
+
+mod common;
+
+use common::cli;
+use common::gateway::GatewayProc;
+
+/// Trials of the check here; CI runs `leasefence arbiter check URL --trials 1000` besides.
+const TRIALS: &str = "100";
+
+#[test]
+fn arbiter_check_against_a_running_gateway_accepts_no_stale_effect() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gateway = GatewayProc::start(dir.path(), &[]);
+    let (code, out, err) = cli(&["arbiter", "check", &gateway.url, "--trials", TRIALS]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains(&format!("{TRIALS} trials, 0 stale accepted, {TRIALS} stale rejected")),
+        "{out}"
+    );
+    let (code, out, err) = cli(&["arbiter", "install", &gateway.url]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("leasefence gateway version") && out.contains("nothing was written"),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_second_gateway_on_the_same_data_dir_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let first = GatewayProc::start(dir.path(), &[]);
+    let d = dir.path().to_str().expect("utf-8 path");
+    let (code, _, err) = cli(&["gateway", "--data-dir", d, "--listen", "127.0.0.1:0"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("in use by another gateway"), "{err}");
+    let addr = first.url.trim_start_matches("http://");
+    assert!(
+        std::net::TcpStream::connect(addr).is_ok(),
+        "the first gateway still serves"
+    );
+}
+
+#[test]
+fn arbiter_commands_refuse_an_http_url_that_is_no_gateway() {
+    let coordinator_dir = tempfile::tempdir().expect("tempdir");
+    let coordinator = common::Coordinator::start(coordinator_dir.path(), &[]);
+    let (code, _, err) = cli(&["arbiter", "check", &coordinator.url, "--trials", "1"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("is not a leasefence gateway"), "{err}");
+    let port = common::ha::free_port();
+    let (code, _, err) = cli(&["arbiter", "install", &format!("http://127.0.0.1:{port}")]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("gateway: http://127.0.0.1:"), "{err}");
+}
+
+#[test]
+fn bad_flags_are_refused_with_what_is_allowed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path().to_str().expect("utf-8 path");
+    let cases: &[(&[&str], &str)] = &[
+        (&["gateway", "--data-dir", d, "--listen", "0.0.0.0:0"], "--insecure"),
+        (&["gateway", "--data-dir", d, "--object-size-max", "64MB"], "KiB, MiB"),
+        (&["gateway", "--data-dir", d, "--object-size-max", "0"], "1B..=1TiB"),
+        (&["gateway", "--data-dir", d, "--object-size-max", "2TiB"], "1B..=1TiB"),
+        (&["gateway", "--data-dir", d, "--listen", "localhost"], "--listen"),
+        (&["gateway"], "--data-dir"),
+    ];
+    for (args, says) in cases {
+        let (code, _, err) = cli(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err:?} must mention {says:?}");
+    }
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"not a directory").expect("write");
+    let (code, _, err) = cli(&[
+        "gateway",
+        "--data-dir",
+        file.to_str().expect("utf-8"),
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("cannot create the directory"), "{err}");
+}
