@@ -52,7 +52,12 @@ pub async fn jetstream(url: &str) -> anyhow::Result<jetstream::Context> {
 
 /// A client of the PostgreSQL at `url`, with the arbiter's schema installed.
 pub async fn postgres(url: &str) -> anyhow::Result<tokio_postgres::Client> {
-    let unreachable = || format!("cannot reach PostgreSQL at {}", redact(url));
+    let unreachable = || {
+        format!(
+            "cannot reach PostgreSQL at {} (is it running and accepting connections?)",
+            redact(url)
+        )
+    };
     let mut client = tokio::time::timeout(CONNECT_LIMIT, postgres::connect(url))
         .await
         .map_err(|_| anyhow!("no answer within {} s", CONNECT_LIMIT.as_secs()))
