@@ -76,6 +76,16 @@ pub enum Command {
     Demo,
     /// Measure acquire+release throughput and latency through a coordinator.
     Bench(bench::BenchArgs),
+    /// Print a shell completion script, e.g. `leasefence completions bash >
+    /// /etc/bash_completion.d/leasefence`.
+    Completions(CompletionsArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
 }
 
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -247,5 +257,10 @@ pub async fn run(cli: Cli) -> CmdResult {
         Command::Watch(a) => watch_cmd::run(a).await,
         Command::Demo => demo::run().await,
         Command::Bench(a) => bench::run(a).await,
+        Command::Completions(a) => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(a.shell, &mut command, "leasefence", &mut std::io::stdout());
+            Ok(())
+        }
     }
 }

@@ -90,3 +90,25 @@ fn demo_tells_the_paused_worker_story_and_rejects_the_stale_write() {
     );
     assert!(out.contains("the report says: \"written by worker-b\""), "{out}");
 }
+
+#[test]
+fn completions_are_printed_for_bash_zsh_and_fish() {
+    for (shell, marker) in [
+        ("bash", "_leasefence()"),
+        ("zsh", "#compdef leasefence"),
+        ("fish", "complete -c leasefence"),
+    ] {
+        let (code, out, err) = cli(&["completions", shell]);
+        assert_eq!(code, 0, "{shell}: {err}");
+        assert!(out.contains(marker), "{shell}: the script starts as the shell expects");
+        for sub in ["serve", "acquire", "gateway", "arbiter"] {
+            assert!(out.contains(sub), "{shell}: completes the subcommand {sub}");
+        }
+    }
+    let (code, _, err) = cli(&["completions", "tcsh"]);
+    assert_eq!(code, 2, "an unknown shell is a usage error");
+    assert!(
+        err.contains("bash") && err.contains("fish"),
+        "names the shells allowed: {err}"
+    );
+}
