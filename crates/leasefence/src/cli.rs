@@ -139,6 +139,11 @@ pub struct ServeArgs {
     /// anyone who reaches the port could take, release or watch any lease.
     #[arg(long)]
     pub insecure: bool,
+    /// A TOML file with any of these flags (keys without the dashes, e.g.
+    /// `listen = "127.0.0.1:7740"`, `ttl-max = "1h"`); flags and
+    /// LEASEFENCE_* variables override it.
+    #[arg(long, env = "LEASEFENCE_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
 }
 
 /// One entry of `--server`: an `http(s)://` coordinator URL.

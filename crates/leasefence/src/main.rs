@@ -20,14 +20,13 @@ mod gateway_cmd;
 mod observe_cmd;
 mod run_cmd;
 mod serve;
+mod serve_config;
 mod store_url;
 mod tty;
 mod watch_cmd;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
-
-use clap::Parser;
 
 /// A failure with the exit code it maps to.
 #[derive(Debug)]
@@ -65,7 +64,18 @@ impl<E: Into<anyhow::Error>> From<E> for Failure {
 pub type CmdResult = Result<(), Failure>;
 
 fn main() -> ExitCode {
-    let args = cli::Cli::parse();
+    let matches = <cli::Cli as clap::CommandFactory>::command().get_matches();
+    let mut args = match <cli::Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
+        Ok(args) => args,
+        Err(e) => e.format(&mut <cli::Cli as clap::CommandFactory>::command()).exit(),
+    };
+    // `serve --config FILE`: before the logs start, which it may configure.
+    if let (cli::Command::Serve(a), Some(m)) = (&mut args.command, matches.subcommand_matches("serve"))
+        && let Err(f) = serve_config::apply(a, m)
+    {
+        eprintln!("error: {:#}", f.error);
+        return ExitCode::from(f.code);
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_env("LEASEFENCE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(args.default_log_level()));
     // Colour codes only for a terminal: in a file or a log collector they are noise.

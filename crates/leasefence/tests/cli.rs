@@ -112,3 +112,32 @@ fn completions_are_printed_for_bash_zsh_and_fish() {
         "names the shells allowed: {err}"
     );
 }
+
+/// `serve --config`: the file's `ttl-max` is what the coordinator enforces,
+/// and a flag overrides it.
+#[test]
+fn serve_takes_its_settings_from_a_config_file_and_flags_override_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("leasefence.toml");
+    std::fs::write(&config, "ttl-max = \"2s\"\nlog-format = \"json\"\n").expect("write");
+    let config = config.to_str().expect("utf-8");
+
+    let from_file = Coordinator::start(&dir.path().join("a"), &["--config", config]);
+    let (code, _, err) = cli(&["acquire", "cfg/1", "--ttl", "5s", "--server", &from_file.url]);
+    assert_eq!(code, 2, "ttl-max 2s from the file refuses a 5 s TTL: {err}");
+    let (code, _, err) = cli(&["acquire", "cfg/1", "--ttl", "1s", "--server", &from_file.url]);
+    assert_eq!(code, 0, "{err}");
+
+    let overridden = Coordinator::start(&dir.path().join("b"), &["--config", config, "--ttl-max", "10s"]);
+    let (code, _, err) = cli(&["acquire", "cfg/1", "--ttl", "5s", "--server", &overridden.url]);
+    assert_eq!(code, 0, "--ttl-max 10s overrides the file: {err}");
+
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "ttl-max = \"2s\"\nwaiters = 5\n").expect("write");
+    let (code, out, err) = cli(&["serve", "--config", bad.to_str().expect("utf-8")]);
+    assert_eq!(code, 2, "an unknown key is refused at start: {out} {err}");
+    assert!(
+        err.contains("waiters") && err.contains("waiters-max"),
+        "names the key and the allowed ones: {err}"
+    );
+}

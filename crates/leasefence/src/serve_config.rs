@@ -1,0 +1,187 @@
+//! `serve --config leasefence.toml`: every `serve` flag in a TOML file.
+//!
+//! Keys are the flag names without the dashes in front (`listen`,
+//! `data-dir`, `ttl-max`, …), values as the flag takes them (durations as
+//! strings like `"5s"`, `waiters-max` as a number, `insecure` as a boolean).
+//! A flag or its `LEASEFENCE_*` variable overrides the file; the file
+//! overrides the defaults. An unknown key, a value of the wrong type or one
+//! the flag would refuse is an error naming the key, so a typo never passes
+//! silently as a default.
+
+use std::path::Path;
+use std::time::Duration;
+
+use clap::ArgMatches;
+use clap::parser::ValueSource;
+use serde::Deserialize;
+
+use crate::Failure;
+use crate::cli::{LogFormat, ServeArgs, parse_duration};
+
+/// The file's keys: one per `serve` flag (but `--config`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct ServeFile {
+    listen: Option<String>,
+    data_dir: Option<String>,
+    log_format: Option<String>,
+    ttl_min: Option<String>,
+    ttl_max: Option<String>,
+    wait_max: Option<String>,
+    waiters_max: Option<usize>,
+    lock_delay_max: Option<String>,
+    store: Option<String>,
+    store_prefix: Option<String>,
+    leader_ttl: Option<String>,
+    advertise: Option<String>,
+    insecure: Option<bool>,
+}
+
+/// Fills in from `a.config` every argument that the command line and the
+/// environment left at its default. `m` are the matches of `serve`.
+pub fn apply(a: &mut ServeArgs, m: &ArgMatches) -> Result<(), Failure> {
+    let Some(path) = a.config.clone() else { return Ok(()) };
+    let file = read(&path)?;
+    let unset = |id: &str| matches!(m.value_source(id), None | Some(ValueSource::DefaultValue));
+    let bad = |key: &str, e: String| Failure::invalid(format!("--config {}: {key}: {e}", path.display()));
+    let duration = |key: &str, v: &str| parse_duration(v).map_err(|e| bad(key, format!("{v:?}: {e}")));
+
+    if let (Some(v), true) = (&file.listen, unset("listen")) {
+        a.listen = v.parse().map_err(|_| {
+            bad(
+                "listen",
+                format!("{v:?} is not an address:port like \"127.0.0.1:7740\""),
+            )
+        })?;
+    }
+    if let (Some(v), true) = (&file.data_dir, unset("data_dir")) {
+        a.data_dir = v.into();
+    }
+    if let (Some(v), true) = (&file.log_format, unset("log_format")) {
+        a.log_format = <LogFormat as clap::ValueEnum>::from_str(v, false)
+            .map_err(|_| bad("log-format", format!("{v:?}: allowed: \"text\", \"json\"")))?;
+    }
+    let durations: [(&str, &str, &Option<String>, &mut Duration); 5] = [
+        ("ttl-min", "ttl_min", &file.ttl_min, &mut a.ttl_min),
+        ("ttl-max", "ttl_max", &file.ttl_max, &mut a.ttl_max),
+        ("wait-max", "wait_max", &file.wait_max, &mut a.wait_max),
+        (
+            "lock-delay-max",
+            "lock_delay_max",
+            &file.lock_delay_max,
+            &mut a.lock_delay_max,
+        ),
+        ("leader-ttl", "leader_ttl", &file.leader_ttl, &mut a.leader_ttl),
+    ];
+    for (key, id, value, slot) in durations {
+        if let (Some(v), true) = (value, unset(id)) {
+            *slot = duration(key, v)?;
+        }
+    }
+    if let (Some(v), true) = (file.waiters_max, unset("waiters_max")) {
+        a.waiters_max = v;
+    }
+    let texts: [(&str, &Option<String>, &mut Option<String>); 3] = [
+        ("store", &file.store, &mut a.store),
+        ("store_prefix", &file.store_prefix, &mut a.store_prefix),
+        ("advertise", &file.advertise, &mut a.advertise),
+    ];
+    for (id, value, slot) in texts {
+        if let (Some(v), true) = (value, unset(id)) {
+            *slot = Some(v.clone());
+        }
+    }
+    if let (Some(v), true) = (file.insecure, unset("insecure")) {
+        a.insecure = v;
+    }
+    Ok(())
+}
+
+fn read(path: &Path) -> Result<ServeFile, Failure> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Failure::invalid(format!("--config {}: cannot read it: {e}", path.display())))?;
+    // The parser's message points at the line and names the key (and, for an
+    // unknown one, every key allowed).
+    toml::from_str(&text).map_err(|e| Failure::invalid(format!("--config {}: {e}", path.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, FromArgMatches};
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    /// `serve ARGS` with the file `toml`, applied: the args or the error.
+    fn serve(toml: &str, args: &[&str]) -> Result<ServeArgs, String> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("leasefence.toml");
+        std::fs::write(&path, toml).expect("write");
+        let mut argv = vec!["leasefence", "serve", "--config", path.to_str().expect("utf-8")];
+        argv.extend_from_slice(args);
+        let m = Cli::command().try_get_matches_from(argv).map_err(|e| e.to_string())?;
+        let Command::Serve(mut a) = Cli::from_arg_matches(&m).map_err(|e| e.to_string())?.command else {
+            panic!("not serve")
+        };
+        let sub = m.subcommand_matches("serve").expect("serve");
+        apply(&mut a, sub).map_err(|f| f.error.to_string())?;
+        Ok(a)
+    }
+
+    #[test]
+    fn the_file_fills_what_the_command_line_left_at_its_default() {
+        let a = serve(
+            "listen = \"127.0.0.1:7999\"\ndata-dir = \"/var/lib/lf\"\nttl-max = \"2s\"\nwaiters-max = 7\n\
+             log-format = \"json\"\nstore = \"postgres://db/lf\"\nleader-ttl = \"3s\"\ninsecure = true\n",
+            &[],
+        )
+        .expect("valid");
+        assert_eq!(a.listen.to_string(), "127.0.0.1:7999");
+        assert_eq!(a.data_dir.to_str(), Some("/var/lib/lf"));
+        assert_eq!(a.ttl_max, Duration::from_secs(2));
+        assert_eq!(a.waiters_max, 7);
+        assert_eq!(a.log_format, LogFormat::Json);
+        assert_eq!(a.store.as_deref(), Some("postgres://db/lf"));
+        assert_eq!(a.leader_ttl, Duration::from_secs(3));
+        assert!(a.insecure);
+        assert_eq!(a.ttl_min, Duration::from_millis(100), "absent keys keep the default");
+    }
+
+    #[test]
+    fn a_flag_overrides_the_file() {
+        let a = serve("ttl-max = \"2s\"\nlisten = \"127.0.0.1:7999\"\n", &["--ttl-max", "9s"]).expect("valid");
+        assert_eq!(a.ttl_max, Duration::from_secs(9));
+        assert_eq!(a.listen.to_string(), "127.0.0.1:7999");
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_errors_naming_the_key() {
+        for (toml, says) in [
+            ("ttl_max = \"2s\"\n", "ttl_max"),
+            ("listn = \"127.0.0.1:1\"\n", "listn"),
+            ("ttl-max = \"soon\"\n", "ttl-max"),
+            ("ttl-max = 5\n", "ttl-max"),
+            ("listen = \"localhost\"\n", "listen"),
+            ("log-format = \"xml\"\n", "log-format"),
+            ("waiters-max = -1\n", "waiters-max"),
+            ("insecure = \"yes\"\n", "insecure"),
+            ("[serve]\nlisten = 1\n", "serve"),
+            ("listen = \n", "--config"),
+        ] {
+            let e = serve(toml, &[]).expect_err(toml);
+            assert!(e.contains(says), "{toml:?}: the error names {says}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_missing_file_says_so() {
+        let m = Cli::command()
+            .try_get_matches_from(["leasefence", "serve", "--config", "/nonexistent/leasefence.toml"])
+            .expect("parses");
+        let Command::Serve(mut a) = Cli::from_arg_matches(&m).expect("args").command else {
+            panic!()
+        };
+        let e = apply(&mut a, m.subcommand_matches("serve").expect("serve")).expect_err("missing");
+        assert!(e.error.to_string().contains("cannot read it"), "{}", e.error);
+    }
+}
