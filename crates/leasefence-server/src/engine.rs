@@ -213,6 +213,13 @@ impl Engine {
     }
 
     pub async fn acquire(self: &Arc<Self>, req: Acquire) -> Result<Grant, ApiError> {
+        let started = std::time::Instant::now();
+        let answer = self.acquire_timed(req).await;
+        metrics::latency("acquire", answer.is_ok(), started.elapsed());
+        answer
+    }
+
+    async fn acquire_timed(self: &Arc<Self>, req: Acquire) -> Result<Grant, ApiError> {
         if req.wait > self.wait_max {
             let msg = format!(
                 "must be at most {} ms, got {} ms",
@@ -296,6 +303,13 @@ impl Engine {
     /// Extends a lease. Renewals are not persisted; a refusal (the lease was
     /// lost) waits for what the call persisted, such as that lease's expiry.
     pub async fn renew(self: &Arc<Self>, resource: &ResourceId, lease_id: &LeaseId) -> Result<Grant, ApiError> {
+        let started = std::time::Instant::now();
+        let answer = self.renew_timed(resource, lease_id).await;
+        metrics::latency("renew", answer.is_ok(), started.elapsed());
+        answer
+    }
+
+    async fn renew_timed(self: &Arc<Self>, resource: &ResourceId, lease_id: &LeaseId) -> Result<Grant, ApiError> {
         let (result, barrier) = {
             let mut inner = self.lock();
             self.live(&inner)?;
@@ -315,6 +329,13 @@ impl Engine {
     }
 
     pub async fn release(self: &Arc<Self>, resource: &ResourceId, lease_id: &LeaseId) -> Result<Token, ApiError> {
+        let started = std::time::Instant::now();
+        let answer = self.release_timed(resource, lease_id).await;
+        metrics::latency("release", answer.is_ok(), started.elapsed());
+        answer
+    }
+
+    async fn release_timed(self: &Arc<Self>, resource: &ResourceId, lease_id: &LeaseId) -> Result<Token, ApiError> {
         let (result, barrier) = {
             let mut inner = self.lock();
             self.live(&inner)?;

@@ -202,6 +202,7 @@ fn watch_stream(
 ) -> WatchStream {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     tokio::spawn(async move {
+        let _watching = crate::metrics::Watching::new();
         let Subscription {
             coordinator_id: id,
             backlog,
@@ -218,6 +219,8 @@ fn watch_stream(
         loop {
             let next = tokio::select! {
                 n = live.recv() => n,
+                // The watcher left: end now, not at the next event.
+                () = tx.closed() => return,
                 () = &mut stopping => {
                     let _ = tx.send(Err(Status::unavailable("coordinator is shutting down"))).await;
                     return;

@@ -3,14 +3,28 @@
 //! installed a recorder ([`install_prometheus`]); otherwise every call here is
 //! a no-op.
 
+use std::time::Duration;
+
 use leasefence_core::{LeaseError, Mutation, ReleaseCause};
-use metrics::{counter, gauge};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics::{counter, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// Bucket bounds of every `*_seconds` histogram: 100 µs to 10 s.
+const SECONDS_BUCKETS: [f64; 14] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 2.5, 10.0,
+];
+/// Bucket bounds of the mutations per commit.
+const BATCH_BUCKETS: [f64; 11] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0];
 
 /// Installs a process-wide Prometheus recorder and returns the handle that
 /// renders it. Call once, from the binary; `None` if one is already installed.
+/// Histograms render as Prometheus histograms (`_bucket`, `_sum`, `_count`).
 pub fn install_prometheus() -> Option<PrometheusHandle> {
-    let recorder = PrometheusBuilder::new().build_recorder();
+    let recorder = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &SECONDS_BUCKETS)
+        .and_then(|b| b.set_buckets_for_metric(Matcher::Full(leasefence_store::BATCH_MUTATIONS.into()), &BATCH_BUCKETS))
+        .ok()?
+        .build_recorder();
     let handle = recorder.handle();
     metrics::set_global_recorder(recorder).ok()?;
     Some(handle)
@@ -32,6 +46,29 @@ pub(crate) fn mutation(m: &Mutation) {
 
 pub(crate) fn refusal(e: &LeaseError) {
     counter!("leasefence_refusals_total", "reason" => leasefence_proto::error_kind(e)).increment(1);
+}
+
+/// How long an acquire (waiting in the queue included), renew or release took
+/// to answer, by outcome.
+pub(crate) fn latency(op: &'static str, ok: bool, took: Duration) {
+    let outcome = if ok { "ok" } else { "error" };
+    histogram!("leasefence_request_seconds", "op" => op, "outcome" => outcome).record(took.as_secs_f64());
+}
+
+/// Counts an open watch stream in `leasefence_watchers` while it lives.
+pub(crate) struct Watching(());
+
+impl Watching {
+    pub(crate) fn new() -> Watching {
+        gauge!("leasefence_watchers").increment(1.0);
+        Watching(())
+    }
+}
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        gauge!("leasefence_watchers").decrement(1.0);
+    }
 }
 
 pub(crate) fn renewal() {

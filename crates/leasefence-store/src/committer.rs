@@ -141,6 +141,12 @@ impl Committer {
     }
 }
 
+/// How long one batch's commit took (the engine's transaction, its fsync
+/// or round trips), in seconds: a histogram.
+pub const COMMIT_SECONDS: &str = "leasefence_store_commit_seconds";
+/// How many mutations one commit carried: a histogram.
+pub const BATCH_MUTATIONS: &str = "leasefence_store_batch_mutations";
+
 fn write_loop<S: LeaseStore>(
     mut store: S,
     mut rx: mpsc::UnboundedReceiver<Job>,
@@ -160,7 +166,10 @@ fn write_loop<S: LeaseStore>(
         }
         if durable.borrow().failed.is_none() {
             batch.extend(jobs.iter().map(|j| j.mutation.clone()));
+            let started = std::time::Instant::now();
             let result = store.apply(&batch);
+            metrics::histogram!(COMMIT_SECONDS).record(started.elapsed().as_secs_f64());
+            metrics::histogram!(BATCH_MUTATIONS).record(jobs.len() as f64);
             batch.clear();
             c.batches.fetch_add(1, Ordering::Relaxed);
             c.mutations.fetch_add(jobs.len() as u64, Ordering::Relaxed);

@@ -29,7 +29,7 @@ mod memory_shared;
 pub mod postgres;
 pub mod shared;
 
-pub use committer::{Committer, CommitterStats, Durable, Seq};
+pub use committer::{BATCH_MUTATIONS, COMMIT_SECONDS, Committer, CommitterStats, Durable, Seq};
 pub use embedded::EmbeddedStore;
 #[cfg(feature = "etcd")]
 pub use etcd::{EtcdConfig, EtcdConfigError, EtcdShared, EtcdWriter};

@@ -76,3 +76,72 @@ async fn expiry_queue_gauge_stays_bounded_by_live_leases() {
     let entries = value(&text, "leasefence_expiry_queue_entries").expect("the gauge is exported");
     assert!(entries <= 64.0, "{entries} queue entries with nothing held:\n{text}");
 }
+
+/// The latency and size histograms, and the watcher gauge.
+#[tokio::test]
+async fn metrics_have_commit_and_request_histograms_and_count_watchers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Coordinator::start(dir.path(), &[]);
+    let client = Client::connect(&c.url).await.expect("connect");
+    let r = ResourceId::new("m/hist").expect("valid");
+    let lease = client
+        .acquire(&r, Duration::from_secs(10), None, Duration::ZERO)
+        .await
+        .expect("acquire");
+    client.renew(&r, &lease.lease_id).await.expect("renew");
+    client.release(&r, &lease.lease_id).await.expect("release");
+    let mut grpc = leasefence_proto::v1::leases_client::LeasesClient::connect(c.url.clone())
+        .await
+        .expect("connect");
+    let watch = grpc
+        .watch(leasefence_proto::v1::WatchRequest {
+            resource: "m/hist".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("watch");
+    let metrics = || async {
+        reqwest::get(format!("{}/metrics", c.url))
+            .await
+            .expect("get")
+            .text()
+            .await
+            .expect("text")
+    };
+    let mut text = metrics().await;
+    for _ in 0..100 {
+        if value(&text, "leasefence_watchers") == Some(1.0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        text = metrics().await;
+    }
+    assert_eq!(value(&text, "leasefence_watchers"), Some(1.0), "{text}");
+    // Two commits at least (the grant, the release), each one batch.
+    assert!(
+        value(&text, "leasefence_store_commit_seconds_count").is_some_and(|n| n >= 2.0),
+        "{text}"
+    );
+    assert!(text.contains("leasefence_store_commit_seconds_bucket{le="), "{text}");
+    assert!(
+        value(&text, "leasefence_store_batch_mutations_count").is_some_and(|n| n >= 2.0),
+        "{text}"
+    );
+    for op in ["acquire", "renew", "release"] {
+        let series = format!("leasefence_request_seconds_count{{op=\"{op}\",outcome=\"ok\"}}");
+        assert_eq!(value(&text, &series), Some(1.0), "{series}: {text}");
+    }
+    drop(watch);
+    for _ in 0..100 {
+        text = metrics().await;
+        if value(&text, "leasefence_watchers") == Some(0.0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        value(&text, "leasefence_watchers"),
+        Some(0.0),
+        "a watcher gone is counted out: {text}"
+    );
+}
