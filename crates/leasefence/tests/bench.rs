@@ -128,6 +128,28 @@ fn compares_with_etcd_when_built_with_it() {
 }
 
 #[test]
+fn a_peer_that_is_down_fails_before_any_round() {
+    let dir = tempfile::tempdir().unwrap();
+    let coordinator = Coordinator::start(dir.path(), &[]);
+    // Port 1 on loopback: nothing listens there.
+    let (code, out, err) = cli(&[
+        "bench",
+        "--server",
+        &coordinator.url,
+        "--compare",
+        "redis",
+        "--redis",
+        "redis://:secret@127.0.0.1:1",
+        "--duration",
+        "10s",
+    ]);
+    assert_eq!(code, 1, "{out}\n{err}");
+    assert!(err.contains("cannot reach Redis at redis://:***@127.0.0.1:1"), "{err}");
+    assert!(!err.contains("secret"), "{err}");
+    assert!(!out.contains("round 1/"), "nothing measured before the check: {out}");
+}
+
+#[test]
 fn bad_flags_exit_2_with_what_is_allowed() {
     for (args, want) in [
         (&["bench", "--compare", "zookeeper"][..], "possible values"),

@@ -133,13 +133,19 @@ pub async fn run(a: BenchArgs) -> CmdResult {
             k => format!("clients sharing {k} resources"),
         }
     ));
+    // Every target answers one cycle before any is measured: a peer that is
+    // down fails in a second, not after minutes of the others' rounds.
+    for &target in &plan.targets {
+        preflight(&plan, &ep, target).await.map_err(|e| failed(target, e))?;
+    }
     let mut samples = Samples::default();
     for round in 1..=plan.rounds {
         for &clients in &plan.clients {
             for &target in &plan.targets {
                 progress.start(round, plan.rounds, target, clients);
-                let s = segment(&plan, &ep, target, clients).await;
-                let s = s.map_err(|e| Failure::new(Failure::INTERNAL, e.context(target.name())))?;
+                let s = segment(&plan, &ep, target, clients)
+                    .await
+                    .map_err(|e| failed(target, e))?;
                 progress.done(round, plan.rounds, target, clients, &s);
                 samples.add(clients, target, s);
             }
@@ -155,6 +161,20 @@ pub async fn run(a: BenchArgs) -> CmdResult {
     if let Some(stop) = stop {
         let _ = stop.send(());
     }
+    Ok(())
+}
+
+fn failed(target: Target, e: anyhow::Error) -> Failure {
+    Failure::new(Failure::INTERNAL, e.context(target.name()))
+}
+
+/// Connects one client to `target` and runs one cycle.
+async fn preflight(plan: &Plan, ep: &Endpoints, target: Target) -> anyhow::Result<()> {
+    let mut w = Worker::connect(target, ep, 0, plan.resources > 0, plan.duration).await?;
+    w.cycle(&Keys::new(0, plan.resources).next())
+        .await
+        .map_err(|e| e.context("the first cycle failed"))?;
+    w.close().await;
     Ok(())
 }
 

@@ -85,7 +85,7 @@ impl Worker {
                     .context("--redis")?
                     .get_multiplexed_async_connection()
                     .await
-                    .with_context(|| format!("cannot reach Redis at {}", ep.redis))?;
+                    .with_context(|| format!("cannot reach Redis at {}", crate::store_url::redact(&ep.redis)))?;
                 Worker::Redis {
                     con,
                     unlock: redis::Script::new(UNLOCK),
