@@ -74,7 +74,7 @@ pub enum Command {
     Watch(watch_cmd::WatchArgs),
     /// The paused-worker story, end to end, in one process.
     Demo,
-    /// Measure acquire+release throughput and latency through a coordinator.
+    /// Measure acquire+release cycles through a coordinator, beside etcd, Redis or a no-op.
     Bench(bench::BenchArgs),
     /// Print a shell completion script, e.g. `leasefence completions bash >
     /// /etc/bash_completion.d/leasefence`.
