@@ -63,12 +63,14 @@ fn a_non_loopback_listen_without_access_control_is_refused() {
     }
 }
 
-#[test]
-fn insecure_serves_a_non_loopback_address_and_warns() {
-    let dir = tempfile::tempdir().expect("tempdir");
+/// Starts `serve ARGS --data-dir DATA`, reads its first stdout line, kills
+/// it: (that line, everything it wrote on stderr).
+fn serve_started(args: &[&str], data: &std::path::Path) -> (String, String) {
     let mut child = Command::new(BIN)
-        .args(["serve", "--listen", "0.0.0.0:0", "--insecure", "--data-dir"])
-        .arg(dir.path())
+        .arg("serve")
+        .args(args)
+        .arg("--data-dir")
+        .arg(data)
         .env("LEASEFENCE_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -80,7 +82,13 @@ fn insecure_serves_a_non_loopback_address_and_warns() {
         .expect("read the listening line");
     let _ = child.kill();
     let out = child.wait_with_output().expect("wait");
-    let err = String::from_utf8_lossy(&out.stderr);
+    (line, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn insecure_serves_a_non_loopback_address_and_warns() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (line, err) = serve_started(&["--listen", "0.0.0.0:0", "--insecure"], dir.path());
     assert!(
         line.starts_with("leasefence listening on 0.0.0.0:"),
         "it started: {line:?}"
@@ -95,21 +103,8 @@ fn insecure_serves_a_non_loopback_address_and_warns() {
 fn loopback_needs_no_flag() {
     let dir = tempfile::tempdir().expect("tempdir");
     for listen in ["127.0.0.1:0", "[::1]:0"] {
-        let mut child = Command::new(BIN)
-            .args(["serve", "--listen", listen, "--data-dir"])
-            .arg(dir.path().join(listen.replace([':', '[', ']'], "_")))
-            .env("LEASEFENCE_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn serve");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("read the listening line");
-        let _ = child.kill();
-        let out = child.wait_with_output().expect("wait");
-        let err = String::from_utf8_lossy(&out.stderr);
+        let data = dir.path().join(listen.replace([':', '[', ']'], "_"));
+        let (line, err) = serve_started(&["--listen", listen], &data);
         assert!(
             line.starts_with("leasefence listening on "),
             "{listen}: it started: {line:?} {err}"
