@@ -18,6 +18,7 @@ mod fence;
 mod lease_id;
 mod names;
 mod records;
+pub mod signing;
 mod time;
 mod token;
 

@@ -18,6 +18,7 @@ mod http;
 pub mod leadership;
 pub mod metrics;
 pub mod node;
+pub mod peer;
 pub mod watch;
 pub mod wire;
 
