@@ -14,31 +14,44 @@ pub const HEADER_TOKEN: &str = "leasefence-token";
 pub const ENV_RESOURCE: &str = "LEASEFENCE_RESOURCE";
 /// Environment variable carrying the token, in decimal.
 pub const ENV_TOKEN: &str = "LEASEFENCE_TOKEN";
-/// **Reserved** for signed fences: the header that will carry the
-/// coordinator's signature over the fence. Documented so that no one uses the
-/// name for anything else; nothing sends or checks it yet.
+/// Header carrying the coordinator's signature over the fence (signed fences,
+/// see [`crate::signing`]); absent when the coordinator does not sign.
 pub const HEADER_SIGNATURE: &str = "leasefence-signature";
-/// **Reserved** for signed fences: the environment variable that will carry
-/// the signature. Nothing sets or checks it yet.
+/// Environment variable carrying the signature to a child process.
 pub const ENV_SIGNATURE: &str = "LEASEFENCE_SIGNATURE";
 
-/// A resource and the token that authorizes an effect on it.
+/// A resource and the token that authorizes an effect on it, with the
+/// coordinator's signature over both when the coordinator signs fences (see
+/// [`crate::signing`]). An arbiter without a key ignores the signature.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Fence {
     pub resource: ResourceId,
     pub token: Token,
+    /// The signature in its wire form (`v1.<key id>.<hex>`), as received:
+    /// checked only by an arbiter that holds a key.
+    pub signature: Option<String>,
 }
 
 impl Fence {
     pub fn new(resource: ResourceId, token: Token) -> Fence {
-        Fence { resource, token }
+        Fence {
+            resource,
+            token,
+            signature: None,
+        }
+    }
+
+    /// The same fence carrying `signature`.
+    pub fn with_signature(mut self, signature: impl Into<String>) -> Fence {
+        self.signature = Some(signature.into());
+        self
     }
 
     /// Parses the two propagated strings (header values or environment values).
     pub fn from_parts(resource: &str, token: &str) -> Result<Fence, Invalid> {
         let resource = ResourceId::new(resource)?;
         let token = parse_token(token)?;
-        Ok(Fence { resource, token })
+        Ok(Fence::new(resource, token))
     }
 }
 
