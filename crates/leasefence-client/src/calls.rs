@@ -48,6 +48,13 @@ impl Client {
             holder: Holder::new(&l.holder).map_err(|_| bad("holder"))?,
             ttl: Duration::from_millis(l.ttl_ms),
             expires_in: Duration::from_millis(l.expires_in_ms),
+            signature: match l.signature.as_str() {
+                "" => None,
+                s => {
+                    leasefence_core::signing::split_signature(s).map_err(|_| bad("signature"))?;
+                    Some(l.signature)
+                }
+            },
         })
     }
 

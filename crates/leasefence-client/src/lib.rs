@@ -139,11 +139,18 @@ pub struct LeaseInfo {
     pub holder: Holder,
     pub ttl: Duration,
     pub expires_in: Duration,
+    /// The coordinator's signature over the fence, when it signs fences.
+    pub signature: Option<String>,
 }
 
 impl LeaseInfo {
+    /// The fence to carry with every effect, with its signature when there is one.
     pub fn fence(&self) -> Fence {
-        Fence::new(self.resource.clone(), self.token)
+        let fence = Fence::new(self.resource.clone(), self.token);
+        match &self.signature {
+            Some(s) => fence.with_signature(s.clone()),
+            None => fence,
+        }
     }
 }
 

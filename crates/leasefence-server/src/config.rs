@@ -17,6 +17,8 @@ pub struct ServerConfig {
     pub batch_max: usize,
     /// Renders `GET /metrics`; `None` serves 404 there.
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    /// Signs every grant's fence (see `leasefence_core::signing`); `None`: unsigned.
+    pub fence_key: Option<leasefence_core::signing::FenceKey>,
 }
 
 impl ServerConfig {
@@ -33,6 +35,7 @@ impl ServerConfig {
             wait_max: Self::DEFAULT_WAIT_MAX,
             batch_max: Self::DEFAULT_BATCH_MAX,
             metrics: None,
+            fence_key: None,
         }
     }
 }

@@ -60,8 +60,9 @@ fn invalid(e: leasefence_core::Invalid) -> Status {
     status(ApiError::Lease(LeaseError::Invalid(e)))
 }
 
-fn lease(engine: &Engine, g: &Grant) -> pb::Lease {
+fn lease(node: &Node, engine: &Engine, g: &Grant) -> pb::Lease {
     pb::Lease {
+        signature: node.signature(g).unwrap_or_default(),
         resource: g.resource.to_string(),
         token: g.token.get(),
         lease_id: g.lease_id.to_hex(),
@@ -80,7 +81,7 @@ impl Leases for GrpcLeases {
         let req = wire::acquire_proto(&r).map_err(invalid)?;
         let engine = self.engine()?;
         let grant = engine.acquire(req).await.map_err(status)?;
-        Ok(Response::new(lease(&engine, &grant)))
+        Ok(Response::new(lease(&self.node, &engine, &grant)))
     }
 
     async fn renew(&self, request: Request<pb::RenewRequest>) -> Result<Response<pb::Lease>, Status> {
@@ -89,7 +90,7 @@ impl Leases for GrpcLeases {
         let id = wire::lease_id(&r.lease_id).map_err(invalid)?;
         let engine = self.engine()?;
         let grant = engine.renew(&resource, &id).await.map_err(status)?;
-        Ok(Response::new(lease(&engine, &grant)))
+        Ok(Response::new(lease(&self.node, &engine, &grant)))
     }
 
     type KeepAliveStream = LeaseStream;
@@ -99,6 +100,7 @@ impl Leases for GrpcLeases {
         request: Request<Streaming<pb::RenewRequest>>,
     ) -> Result<Response<Self::KeepAliveStream>, Status> {
         let engine = self.engine()?;
+        let node = self.node.clone();
         let mut incoming = request.into_inner();
         let stopping = engine.stopping();
         let out = async_stream(move |tx| async move {
@@ -114,7 +116,7 @@ impl Leases for GrpcLeases {
                 let Some(msg) = msg else { return };
                 let reply = match msg {
                     Err(e) => Err(e),
-                    Ok(r) => renew_one(&engine, &r).await,
+                    Ok(r) => renew_one(&node, &engine, &r).await,
                 };
                 let failed = reply.is_err();
                 if tx.send(reply).await.is_err() || failed {
@@ -247,11 +249,11 @@ fn watch_stream(
 }
 
 /// One renewal on the keep-alive stream.
-async fn renew_one(engine: &Arc<Engine>, r: &pb::RenewRequest) -> Result<pb::Lease, Status> {
+async fn renew_one(node: &Node, engine: &Arc<Engine>, r: &pb::RenewRequest) -> Result<pb::Lease, Status> {
     let resource = wire::resource(&r.resource).map_err(invalid)?;
     let id = wire::lease_id(&r.lease_id).map_err(invalid)?;
     let grant = engine.renew(&resource, &id).await.map_err(status)?;
-    Ok(lease(engine, &grant))
+    Ok(lease(node, engine, &grant))
 }
 
 /// A stream fed by a task: the producer ends the stream by returning.

@@ -196,29 +196,33 @@ impl From<ApiError> for Failure {
     }
 }
 
-fn lease_json(engine: &Engine, g: &Grant) -> Value {
-    json!({
+fn lease_json(node: &Node, engine: &Engine, g: &Grant) -> Value {
+    let mut lease = json!({
         "resource": g.resource.as_str(),
         "token": g.token.get(),
         "lease_id": g.lease_id.to_hex(),
         "ttl_ms": wire::millis(g.ttl),
         "expires_in_ms": wire::expires_in_ms(g, engine.now()),
         "holder": g.holder.as_str(),
-    })
+    });
+    if let Some(signature) = node.signature(g) {
+        lease["signature"] = Value::String(signature);
+    }
+    lease
 }
 
 async fn acquire(State(node): State<Arc<Node>>, body: Bytes) -> Result<axum::Json<Value>, Failure> {
     let engine = node.engine()?;
     let req = wire::acquire_json(&body)?;
     let grant = engine.acquire(req).await?;
-    Ok(axum::Json(lease_json(&engine, &grant)))
+    Ok(axum::Json(lease_json(&node, &engine, &grant)))
 }
 
 async fn renew(State(node): State<Arc<Node>>, body: Bytes) -> Result<axum::Json<Value>, Failure> {
     let engine = node.engine()?;
     let (resource, lease_id) = wire::lease_json(&body)?;
     let grant = engine.renew(&resource, &lease_id).await?;
-    Ok(axum::Json(lease_json(&engine, &grant)))
+    Ok(axum::Json(lease_json(&node, &engine, &grant)))
 }
 
 async fn release(State(node): State<Arc<Node>>, body: Bytes) -> Result<axum::Json<Value>, Failure> {

@@ -87,12 +87,16 @@ impl Server {
         let engine = Engine::start(config.lease.clone(), config.wait_max, committer, records);
         let listener = listen(&config).await?;
         tracing::info!(resources = recovered, "store recovered");
+        let node = Node::new(Role::Active {
+            engine: engine.clone(),
+            epoch: None,
+        });
+        if let Some(key) = config.fence_key {
+            node.sign_fences_with(key);
+        }
         Ok(Server {
             listener,
-            node: Node::new(Role::Active {
-                engine: engine.clone(),
-                epoch: None,
-            }),
+            node,
             mode: Mode::Single(engine),
             metrics: config.metrics,
         })
@@ -107,6 +111,9 @@ impl Server {
     ) -> Result<Server, ServerError> {
         let listener = listen(&config).await?;
         let node = Node::new(Role::Standby { leader: None });
+        if let Some(key) = config.fence_key.clone() {
+            node.sign_fences_with(key);
+        }
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let setup = leadership::EngineSetup {
             lease: config.lease.clone(),

@@ -5,8 +5,10 @@
 //! "not the leader" with the active coordinator's URL, so that clients go
 //! there. With the embedded store a node is active for its whole life.
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
+use leasefence_core::signing::FenceKey;
+use leasefence_core::{Fence, Grant};
 use leasefence_store::Epoch;
 
 use crate::{ApiError, Engine};
@@ -24,13 +26,28 @@ pub enum Role {
 
 pub struct Node {
     role: RwLock<Role>,
+    /// The key every grant's fence is signed with, when fences are signed.
+    fence_key: OnceLock<FenceKey>,
 }
 
 impl Node {
     pub fn new(role: Role) -> Arc<Node> {
         Arc::new(Node {
             role: RwLock::new(role),
+            fence_key: OnceLock::new(),
         })
+    }
+
+    /// Signs the fence of every grant and renewal answered from now on with
+    /// `key` (set once, at start).
+    pub fn sign_fences_with(&self, key: FenceKey) {
+        let _ = self.fence_key.set(key);
+    }
+
+    /// The signature of `grant`'s fence, when this coordinator signs fences.
+    pub fn signature(&self, grant: &Grant) -> Option<String> {
+        let key = self.fence_key.get()?;
+        Some(key.sign(&Fence::new(grant.resource.clone(), grant.token)))
     }
 
     pub fn role(&self) -> Role {

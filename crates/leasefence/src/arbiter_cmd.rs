@@ -16,7 +16,7 @@
 use clap::{Subcommand, ValueEnum};
 use leasefence_arbiter::redis::Via;
 use leasefence_arbiter::{ArbiterError, BackendUrl, Fence, FenceMode};
-use leasefence_core::{ENV_RESOURCE, ENV_TOKEN, Invalid};
+use leasefence_core::{ENV_RESOURCE, ENV_SIGNATURE, ENV_TOKEN, Invalid};
 
 use crate::{CmdResult, Failure};
 
@@ -137,7 +137,11 @@ fn fence_from_env() -> Result<Fence, Failure> {
             ))
         })
     };
-    Fence::from_parts(&var(ENV_RESOURCE)?, &var(ENV_TOKEN)?).map_err(Failure::invalid)
+    let fence = Fence::from_parts(&var(ENV_RESOURCE)?, &var(ENV_TOKEN)?).map_err(Failure::invalid)?;
+    Ok(match std::env::var(ENV_SIGNATURE) {
+        Ok(s) if !s.is_empty() => fence.with_signature(s),
+        _ => fence,
+    })
 }
 
 fn token_i64(fence: &Fence) -> Result<i64, ArbiterError> {

@@ -8,8 +8,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use leasefence_client::{Client, ClientOptions};
 
 use crate::{
-    CmdResult, Failure, arbiter_cmd, bench, client_cmds, demo, elect_cmd, gateway_cmd, observe_cmd, run_cmd, serve,
-    watch_cmd,
+    CmdResult, Failure, arbiter_cmd, bench, client_cmds, demo, elect_cmd, fence_key_cmd, gateway_cmd, observe_cmd,
+    run_cmd, serve, watch_cmd,
 };
 
 /// leasefence: leases with fencing tokens, and the arbiters that enforce them.
@@ -76,6 +76,9 @@ pub enum Command {
     Demo,
     /// Measure acquire+release cycles through a coordinator, beside etcd, Redis or a no-op.
     Bench(bench::BenchArgs),
+    /// Keys for signed fences: `fence-key new > key` for `serve --fence-key`.
+    #[command(subcommand, name = "fence-key")]
+    FenceKey(fence_key_cmd::FenceKeyCommand),
     /// Print a shell completion script, e.g. `leasefence completions bash >
     /// /etc/bash_completion.d/leasefence`.
     Completions(CompletionsArgs),
@@ -139,6 +142,11 @@ pub struct ServeArgs {
     /// anyone who reaches the port could take, release or watch any lease.
     #[arg(long)]
     pub insecure: bool,
+    /// Sign every grant's fence with the key in FILE (one line from
+    /// `leasefence fence-key new`); arbiters holding the key then refuse
+    /// unsigned and forged fences. To rotate, give arbiters both keys first.
+    #[arg(long, env = "LEASEFENCE_FENCE_KEY", value_name = "FILE")]
+    pub fence_key: Option<PathBuf>,
     /// A TOML file with any of these flags (keys without the dashes, e.g.
     /// `listen = "127.0.0.1:7740"`, `ttl-max = "1h"`); flags and
     /// LEASEFENCE_* variables override it.
@@ -262,6 +270,7 @@ pub async fn run(cli: Cli) -> CmdResult {
         Command::Watch(a) => watch_cmd::run(a).await,
         Command::Demo => demo::run().await,
         Command::Bench(a) => bench::run(a).await,
+        Command::FenceKey(c) => fence_key_cmd::run(c),
         Command::Completions(a) => {
             let mut command = <Cli as clap::CommandFactory>::command();
             clap_complete::generate(a.shell, &mut command, "leasefence", &mut std::io::stdout());

@@ -38,7 +38,7 @@ pub(crate) fn default_holder() -> String {
 
 fn print_lease(l: &LeaseInfo, as_json: bool, verb: &str) {
     if as_json {
-        let v = json!({
+        let mut v = json!({
             "resource": l.resource.as_str(),
             "token": l.token.get(),
             "lease_id": l.lease_id.to_hex(),
@@ -46,10 +46,18 @@ fn print_lease(l: &LeaseInfo, as_json: bool, verb: &str) {
             "expires_in_ms": u64::try_from(l.expires_in.as_millis()).unwrap_or(u64::MAX),
             "holder": l.holder.as_str(),
         });
+        if let Some(s) = &l.signature {
+            v["signature"] = json!(s);
+        }
         println!("{v}");
     } else {
+        let signature = l
+            .signature
+            .as_ref()
+            .map(|s| format!(" signature={s}"))
+            .unwrap_or_default();
         println!(
-            "{verb} {} token={} lease_id={} ttl={} holder={}",
+            "{verb} {} token={} lease_id={} ttl={} holder={}{signature}",
             l.resource,
             l.token,
             l.lease_id.to_hex(),

@@ -16,6 +16,7 @@ mod cli;
 mod client_cmds;
 mod demo;
 mod elect_cmd;
+mod fence_key_cmd;
 mod gateway_cmd;
 mod observe_cmd;
 mod run_cmd;

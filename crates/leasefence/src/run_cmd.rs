@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use clap::Args;
 use leasefence_client::{Lease, LeaseConfig, default_margin};
-use leasefence_core::{ENV_RESOURCE, ENV_TOKEN, Holder, ResourceId};
+use leasefence_core::{ENV_RESOURCE, ENV_SIGNATURE, ENV_TOKEN, Holder, ResourceId};
 use tokio::process::Command;
 
 use crate::child::{Ended, exit_code, supervise};
@@ -163,6 +163,11 @@ pub(crate) async fn run_with_lease(lease: Lease, server: &str, command: &[OsStri
         .env(ENV_TOKEN, lease.token().to_string())
         .env(ENV_SERVER, server)
         .process_group(0);
+    // A signature inherited from an outer `run` would not match this fence.
+    match lease.fence().signature {
+        Some(s) => cmd.env(ENV_SIGNATURE, s),
+        None => cmd.env_remove(ENV_SIGNATURE),
+    };
     let ended = supervise(&lease, cmd, grace).await;
     let name = program.to_string_lossy();
     match ended {

@@ -22,6 +22,11 @@ pub async fn run(a: ServeArgs) -> CmdResult {
     config.lease = lease;
     config.wait_max = a.wait_max;
     config.metrics = leasefence_server::metrics::install_prometheus();
+    if let Some(path) = &a.fence_key {
+        let key = crate::fence_key_cmd::read("--fence-key", path)?;
+        tracing::info!(key_id = key.id(), "signing fences");
+        config.fence_key = Some(key);
+    }
     let (server, at) = match &a.store {
         None => {
             let at = format!("data dir {}", config.data_dir.display());

@@ -35,6 +35,7 @@ struct ServeFile {
     leader_ttl: Option<String>,
     advertise: Option<String>,
     insecure: Option<bool>,
+    fence_key: Option<String>,
 }
 
 /// Fills in from `a.config` every argument that the command line and the
@@ -93,6 +94,9 @@ pub fn apply(a: &mut ServeArgs, m: &ArgMatches) -> Result<(), Failure> {
     }
     if let (Some(v), true) = (file.insecure, unset("insecure")) {
         a.insecure = v;
+    }
+    if let (Some(v), true) = (&file.fence_key, unset("fence_key")) {
+        a.fence_key = Some(v.into());
     }
     Ok(())
 }
