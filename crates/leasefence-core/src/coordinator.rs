@@ -20,7 +20,7 @@
 //! persisted. A failed call emits nothing and changes nothing but what advancing
 //! to `now` changed (expiries that were due anyway).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::time::Duration;
 
 mod entry;
@@ -136,6 +136,9 @@ impl Coordinator {
     /// lets a second holder in early.
     pub fn recover(config: Config, now: MonoTime, records: impl IntoIterator<Item = StoredResource>) -> Coordinator {
         let mut c = Coordinator::new(config);
+        let records = records.into_iter();
+        // One allocation of the table instead of a rehash at every doubling.
+        c.resources.reserve(records.size_hint().0);
         for r in records {
             let held = r.lease.map(|l| Held {
                 token: r.last_token,
@@ -165,9 +168,9 @@ impl Coordinator {
             }
             let entry = Entry {
                 last: Some(r.last_token),
-                held,
-                delay,
-                waiters: VecDeque::new(),
+                held: held.map(Box::new),
+                delay: delay.map(Box::new),
+                waiters: Default::default(),
             };
             c.resources.insert(r.resource, entry);
         }
@@ -359,11 +362,11 @@ impl Coordinator {
         );
         let expires_at = now.saturating_add(terms.ttl);
         entry.last = Some(token);
-        entry.held = Some(Held {
+        entry.held = Some(Box::new(Held {
             token,
             terms: terms.clone(),
             expires_at,
-        });
+        }));
         self.held += 1;
         self.deadlines.push((expires_at, token, resource.clone()));
         self.compact_deadlines();
@@ -415,10 +418,10 @@ impl Coordinator {
         }));
         if !lock_delay.is_zero() {
             let until = held.expires_at.saturating_add(lock_delay);
-            entry.delay = Some(Delay {
+            entry.delay = Some(Box::new(Delay {
                 until,
                 holder: held.terms.holder,
-            });
+            }));
             self.delays += 1;
             // Due now already if `advance` came late: then it ends in this same advance.
             self.deadlines.push((until, held.token, resource.clone()));

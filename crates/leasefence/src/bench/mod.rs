@@ -16,11 +16,13 @@
 //! - [`plan`]: the flags, checked.
 //! - [`stats`]: medians, ratios, the table and the JSON.
 //! - [`progress`]: the bar on a terminal, plain lines elsewhere.
+//! - [`scale`]: `--idle`, what idle resources cost (restart, memory, latency).
 
 #[cfg(feature = "etcd")]
 mod etcd;
 mod plan;
 mod progress;
+mod scale;
 mod stats;
 mod workers;
 
@@ -70,6 +72,11 @@ pub struct BenchArgs {
     /// Print one JSON object (progress goes to stderr).
     #[arg(long)]
     pub json: bool,
+    /// Instead of the comparison: for each count, a server over a store of
+    /// that many idle resources; reports restart time, RSS per idle resource
+    /// and one client's p50 (interleaved rounds). E.g. `--idle 1000,1000000`.
+    #[arg(long, value_delimiter = ',', value_name = "N,...", conflicts_with_all = ["server", "compare", "clients", "resources"])]
+    pub idle: Vec<u64>,
 }
 
 /// What a run measures.
@@ -97,6 +104,9 @@ const RESOURCES_MAX: u64 = 1_000_000;
 
 pub async fn run(a: BenchArgs) -> CmdResult {
     let plan = Plan::new(&a).map_err(Failure::invalid)?;
+    if !plan.idle.is_empty() {
+        return run_scale(&a, &plan).await;
+    }
     let dir = tempfile::tempdir()?;
     let (server, stop) = match &a.server {
         Some(urls) => (urls.clone(), None),
@@ -160,6 +170,19 @@ pub async fn run(a: BenchArgs) -> CmdResult {
     }
     if let Some(stop) = stop {
         let _ = stop.send(());
+    }
+    Ok(())
+}
+
+async fn run_scale(a: &BenchArgs, plan: &Plan) -> CmdResult {
+    let say = |s: &str| eprintln!("{s}");
+    let rows = scale::run(&plan.idle, plan.duration, plan.rounds, say)
+        .await
+        .map_err(|e| Failure::new(Failure::INTERNAL, e))?;
+    if a.json {
+        println!("{}", serde_json::json!({ "idle": rows }));
+    } else {
+        print!("\n{}", scale::table(&rows, plan.rounds));
     }
     Ok(())
 }

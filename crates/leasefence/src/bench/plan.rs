@@ -20,6 +20,8 @@ pub struct Plan {
     pub redis: String,
     /// host:port.
     pub etcd: String,
+    /// `--idle`: the scale measurement's resource counts (empty: the comparison).
+    pub idle: Vec<u64>,
 }
 
 impl Plan {
@@ -54,6 +56,15 @@ impl Plan {
                 "--redis {redis:?}: allowed: redis://HOST:PORT[/DB] or rediss://…"
             ));
         }
+        if a.idle.iter().any(|&n| n == 0 || n > super::scale::IDLE_MAX) {
+            return Err(format!(
+                "--idle must be counts in 1..={}, like 1000,1000000",
+                super::scale::IDLE_MAX
+            ));
+        }
+        if let Some(n) = first_repeat(&a.idle) {
+            return Err(format!("--idle names {n} twice"));
+        }
         let mut targets = vec![Target::Leasefence];
         targets.extend(&a.compare);
         Ok(Plan {
@@ -64,6 +75,7 @@ impl Plan {
             rounds: a.rounds,
             redis,
             etcd,
+            idle: a.idle.clone(),
         })
     }
 }
@@ -160,6 +172,9 @@ mod tests {
             (&["--redis", "redis://h:1"], "only used with --compare redis"),
             (&["--etcd", "etcd://h:1"], "only used with --compare etcd"),
             (&["--compare", "redis", "--redis", "http://h:1"], "allowed: redis://"),
+            (&["--idle", "0"], "1..=10000000"),
+            (&["--idle", "5,5"], "names 5 twice"),
+            (&["--idle", "5", "--compare", "noop"], "cannot be used with"),
         ];
         for (args, want) in cases {
             let e = plan(args).expect_err(&format!("{args:?}"));
