@@ -10,12 +10,14 @@ mod common;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use common::Coordinator;
 use common::ha::free_port;
 use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const HEADLESS: [&str; 5] = [
     "--headless",
@@ -125,6 +127,59 @@ impl Driver {
     }
 }
 
+/// The token the test types into the page.
+const BEARER: &str = "lf-test-token-7f3a";
+
+/// What the relay saw: each request line, and whether it carried the bearer token.
+type Seen = Arc<Mutex<Vec<(String, bool)>>>;
+
+/// A TCP relay in front of the coordinator that notes every HTTP request head
+/// the browser sends through it (request line, `Authorization: Bearer BEARER`
+/// or not), so the test can see what the page sends. The page sends no bodies.
+async fn relay(target: String) -> (String, Seen) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind relay");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let seen: Seen = Arc::default();
+    let noted = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            let (target, noted) = (target.clone(), noted.clone());
+            tokio::spawn(async move {
+                let Ok(mut server) = tokio::net::TcpStream::connect(&target).await else {
+                    return;
+                };
+                let (mut from_client, mut to_client) = client.split();
+                let (mut from_server, mut to_server) = server.split();
+                let upstream = async {
+                    let mut heads = String::new();
+                    let mut buf = vec![0u8; 16 * 1024];
+                    loop {
+                        let n = match from_client.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        heads.push_str(&String::from_utf8_lossy(&buf[..n]));
+                        while let Some(end) = heads.find("\r\n\r\n") {
+                            let head: String = heads.drain(..end + 4).collect();
+                            let line = head.lines().next().unwrap_or_default().to_string();
+                            let bearer = format!("authorization: bearer {}", BEARER.to_lowercase());
+                            let authorized = head.to_lowercase().lines().any(|l| l.trim() == bearer);
+                            noted.lock().expect("lock").push((line, authorized));
+                        }
+                        if to_server.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to_server.shutdown().await;
+                };
+                let downstream = tokio::io::copy(&mut from_server, &mut to_client);
+                let _ = tokio::join!(upstream, downstream);
+            });
+        }
+    });
+    (url, seen)
+}
+
 fn artifacts_dir() -> PathBuf {
     std::env::var_os("LEASEFENCE_ARTIFACTS_DIR")
         .map(PathBuf::from)
@@ -179,12 +234,46 @@ async fn the_status_page_shows_a_granted_lease_and_its_release() {
     )
     .await;
 
+    let (page_url, seen) = relay(server.url.trim_start_matches("http://").to_string()).await;
     let driver = Driver::start(&chromedriver, &chromium).await;
     driver
-        .call("POST", "/url", json!({ "url": format!("{}/?prefix=ui/", server.url) }))
+        .call("POST", "/url", json!({ "url": format!("{page_url}/?prefix=ui/") }))
         .await;
     let live = "return document.getElementById('connection').dataset.state;";
     driver.until(live, "a live watch", |v| v == "live").await;
+
+    // A token typed in goes into sessionStorage, out of the field, and onto
+    // every API request from then on (fetch, not EventSource, so it can).
+    let typed = format!(
+        "document.getElementById('token').value = {}; document.getElementById('auth').requestSubmit();
+         return [sessionStorage.getItem('leasefence.token'), document.getElementById('token').value];",
+        json!(BEARER)
+    );
+    let stored = driver.script(&typed).await;
+    assert_eq!(
+        stored,
+        json!([BEARER, ""]),
+        "kept in sessionStorage, not left in the field"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let seen = seen.lock().expect("lock").clone();
+        let sent = |path: &str| {
+            seen.iter()
+                .any(|(l, auth)| *auth && l.starts_with(&format!("GET {path}?")))
+        };
+        if sent("/v1/watch") && sent("/v1/resources") {
+            let before: Vec<_> = seen.iter().take_while(|(_, auth)| !auth).collect();
+            assert!(before.iter().any(|(l, _)| l.starts_with("GET /v1/watch?")), "{seen:?}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the page never sent the bearer token: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    driver.until(live, "a live watch with the token", |v| v == "live").await;
     driver
         .until(ROW, "ui/orders as free", |v| v[0] == "free" && v[2] == "—")
         .await;

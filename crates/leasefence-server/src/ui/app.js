@@ -8,6 +8,7 @@
 const LIST_LIMIT = 500;
 const EVENTS_KEPT = 100;
 const RETRY_MS = 1000;
+const REFRESH_MS = 500;
 const TOKEN_KEY = "leasefence.token";
 
 const $ = (id) => document.getElementById(id);
@@ -100,9 +101,17 @@ async function refresh() {
   }
 }
 
+// At most one listing every REFRESH_MS however fast events come: a listing
+// scans the coordinator's resources, so a busy one is not asked for more.
+let lastRefresh = 0;
 function refreshSoon() {
-  clearTimeout(refreshTimer);
-  refreshTimer = setTimeout(refresh, 50);
+  if (refreshTimer !== null) return;
+  const wait = Math.max(50, lastRefresh + REFRESH_MS - performance.now());
+  refreshTimer = setTimeout(() => {
+    refreshTimer = null;
+    lastRefresh = performance.now();
+    refresh();
+  }, wait);
 }
 
 function showEvent(e) {
