@@ -1,7 +1,8 @@
 //! The read-only HTTP views on the real `leasefence serve`: the listing pages
 //! through every resource in name order, and the NDJSON watch delivers
 //! transitions in order, resumes from a revision, filters one resource, never
-//! carries a lease id, and ends with a `shutting_down` line on SIGTERM.
+//! carries a lease id, and ends with a `shutting_down` line on SIGTERM; every
+//! line is a `WatchLine` as `docs/openapi.json` documents it.
 
 mod common;
 
@@ -52,12 +53,17 @@ impl Lines {
         }
     }
 
-    /// The next line as JSON, or `None` once the stream ended.
+    /// The next line as JSON (checked against the documented `WatchLine`),
+    /// or `None` once the stream ended.
     async fn next(&mut self) -> Option<Value> {
         loop {
             if let Some(nl) = self.buffered.find('\n') {
                 let line: String = self.buffered.drain(..=nl).collect();
-                return Some(serde_json::from_str(line.trim()).expect("a JSON line"));
+                let v: Value = serde_json::from_str(line.trim()).expect("a JSON line");
+                let doc: Value = serde_json::from_str(include_str!("../../../docs/openapi.json")).expect("doc");
+                let schema = json!({ "$ref": "#/components/schemas/WatchLine" });
+                common::schema::check(&doc, &schema, &v).unwrap_or_else(|e| panic!("{e}"));
+                return Some(v);
             }
             let chunk = tokio::time::timeout(Duration::from_secs(5), self.resp.chunk())
                 .await
