@@ -138,9 +138,14 @@ async function watch() {
   try {
     const resp = await fetch("/v1/watch?" + query, { headers: authHeaders(), signal: abort.signal });
     if (!resp.ok) {
-      connection("down", "not watching");
       say(await refusal(resp), true);
-      return;
+      // A refusal of the request (a bad prefix, a missing or wrong token)
+      // waits for the user; a coordinator that cannot serve now is retried.
+      if (resp.status < 500) {
+        connection("down", "not watching");
+        return;
+      }
+      throw new Error(`${resp.status}`);
     }
     connection("live", "live");
     refresh();
@@ -167,7 +172,7 @@ async function watch() {
     }
   } catch (e) {
     if (abort.signal.aborted) return;
-    say("watch failed: " + e.message, true);
+    if (!$("message").textContent) say("watch failed: " + e.message, true);
   }
   if (watchAbort !== abort) return;
   connection("down", "reconnecting…");
