@@ -24,8 +24,10 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 mod entry;
+mod listing;
 
 use entry::{Delay, Entry, Held, Terms, Waiter};
+pub use listing::{LIST_LIMIT_MAX, ResourcePage};
 
 use crate::expiry::ExpiryQueue;
 use crate::{Config, Holder, LeaseError, LeaseId, MonoTime, Mutation, ReleaseCause, ResourceId, StoredResource, Token};

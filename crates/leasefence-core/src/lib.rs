@@ -25,7 +25,8 @@ mod token;
 pub use arbiter::{FenceMode, Stale, admit};
 pub use config::Config;
 pub use coordinator::{
-    AcquireOutcome, AcquireRequest, Coordinator, Effect, Grant, HeldStatus, ResourceStatus, WaiterId,
+    AcquireOutcome, AcquireRequest, Coordinator, Effect, Grant, HeldStatus, LIST_LIMIT_MAX, ResourcePage,
+    ResourceStatus, WaiterId,
 };
 pub use error::{BusyReason, Invalid, LeaseError};
 pub use fence::{ENV_RESOURCE, ENV_SIGNATURE, ENV_TOKEN, Fence, HEADER_RESOURCE, HEADER_SIGNATURE, HEADER_TOKEN};

@@ -518,6 +518,9 @@ async fn reap(engine: std::sync::Weak<Engine>) {
     }
 }
 
+#[path = "engine_listing.rs"]
+mod listing;
+
 #[cfg(test)]
 #[path = "engine_tests.rs"]
 mod tests;

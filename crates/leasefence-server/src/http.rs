@@ -8,6 +8,8 @@
 //! | `POST /v1/renew` | `{"resource","lease_id"}` | lease |
 //! | `POST /v1/release` | `{"resource","lease_id"}` | `{"resource","token","released":true}` |
 //! | `GET /v1/status?resource=R` | — | status |
+//! | `GET /v1/resources`, `GET /v1/watch` | — | see [`crate::browse`] |
+//! | `GET /`, `/ui`, `/openapi.json` | — | the status page and the API document ([`crate::ui`]) |
 //! | `GET /healthz` | — | `ok` (503 after a storage failure) |
 //! | `GET /metrics` | — | Prometheus text (when enabled) |
 //!
@@ -60,6 +62,8 @@ pub fn router(node: Arc<Node>, metrics: Option<PrometheusHandle>) -> Router {
         .route("/v1/renew", post(renew))
         .route("/v1/release", post(release))
         .route("/v1/status", get(status))
+        .merge(crate::browse::routes())
+        .merge(crate::ui::routes())
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(unknown_path)
         .layer(axum::middleware::map_response(payload_too_large))
@@ -89,7 +93,8 @@ async fn unknown_path(method: Method, uri: Uri, headers: HeaderMap) -> Response 
     }
     let message = format!(
         "no such path: {method} {}; the API is POST /v1/acquire, /v1/renew, /v1/release, \
-         GET /v1/status?resource=R, /healthz and /metrics",
+         GET /v1/status?resource=R, /v1/resources, /v1/watch, /healthz, /metrics and \
+         /openapi.json (the status page is at /)",
         uri.path()
     );
     Failure(
@@ -131,7 +136,7 @@ struct StatusQuery {
     resource: Option<String>,
 }
 
-struct Failure(StatusCode, Value);
+pub(crate) struct Failure(pub(crate) StatusCode, pub(crate) Value);
 
 impl IntoResponse for Failure {
     fn into_response(self) -> Response {
@@ -240,13 +245,5 @@ async fn status(
 ) -> Result<axum::Json<Value>, Failure> {
     let resource = query.ok().and_then(|Query(q)| q.resource).unwrap_or_default();
     let s = node.engine()?.status(&wire::resource(&resource)?).await?;
-    let held = s.held.as_ref();
-    Ok(axum::Json(json!({
-        "resource": s.resource.as_str(),
-        "last_token": s.last_token.map(|t| t.get()),
-        "holder": held.map(|h| h.holder.as_str()),
-        "token": held.map(|h| h.token.get()),
-        "expires_in_ms": held.map(|h| wire::millis(h.expires_in)),
-        "waiters": s.waiters,
-    })))
+    Ok(axum::Json(crate::browse::status_json(&s)))
 }

@@ -4,12 +4,15 @@
 //!
 //! - [`engine`]: the shared state, the one place that reads the clock, executes
 //!   the core's effects (persist, then answer), queues waiters and reaps expiries.
-//! - [`grpc`] and [`http`]: thin edges that validate wire input into core types.
+//! - [`grpc`] and [`http`]: thin edges that validate wire input into core types;
+//!   [`browse`] (listing, NDJSON watch) and [`ui`] (the status page, the OpenAPI
+//!   document) are the read-only HTTP views.
 //! - [`node`] and [`leadership`]: on a store several coordinators share, who
 //!   is active; the election, epoch-fenced leadership and stepping down.
 //! - [`Server`]: binds the port, recovers the store (or joins the election),
 //!   serves until shutdown.
 
+mod browse;
 pub mod config;
 pub mod engine;
 mod error;
@@ -19,6 +22,7 @@ pub mod leadership;
 pub mod metrics;
 pub mod node;
 pub mod peer;
+mod ui;
 pub mod watch;
 pub mod wire;
 

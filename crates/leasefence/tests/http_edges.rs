@@ -28,7 +28,7 @@ async fn unknown_paths_get_a_json_404_and_grpc_still_answers() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = Coordinator::start(dir.path(), &[]);
     let http = reqwest::Client::new();
-    for (method, path) in [("GET", "/nope"), ("POST", "/v1/nope"), ("GET", "/")] {
+    for (method, path) in [("GET", "/nope"), ("POST", "/v1/nope"), ("GET", "/ui/nope")] {
         let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
         let (code, _, body) = send(http.request(method.clone(), format!("{}{path}", server.url))).await;
         assert_eq!(code, 404, "{method} {path}: {body}");

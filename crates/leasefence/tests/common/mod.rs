@@ -5,6 +5,8 @@
 
 pub mod gateway;
 pub mod ha;
+pub mod prom;
+pub mod schema;
 pub mod tmpfs;
 
 use std::io::{BufRead, BufReader};
