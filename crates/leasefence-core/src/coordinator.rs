@@ -20,7 +20,7 @@
 //! persisted. A failed call emits nothing and changes nothing but what advancing
 //! to `now` changed (expiries that were due anyway).
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 mod entry;
@@ -100,7 +100,8 @@ pub struct HeldStatus {
 #[derive(Clone, Debug)]
 pub struct Coordinator {
     config: Config,
-    resources: HashMap<ResourceId, Entry>,
+    /// In name order, so that a listing by prefix reads only what it returns.
+    resources: BTreeMap<ResourceId, Entry>,
     /// At least one entry per held lease: (deadline, token, resource). A renewal
     /// moves the real deadline later; the stale entry is re-queued when it comes
     /// up. Entries of ended leases are dropped in bulk (see [`ExpiryQueue`]).
@@ -123,7 +124,7 @@ impl Coordinator {
     pub fn new(config: Config) -> Coordinator {
         Coordinator {
             config,
-            resources: HashMap::new(),
+            resources: BTreeMap::new(),
             deadlines: ExpiryQueue::default(),
             held: 0,
             delays: 0,
@@ -138,9 +139,6 @@ impl Coordinator {
     /// lets a second holder in early.
     pub fn recover(config: Config, now: MonoTime, records: impl IntoIterator<Item = StoredResource>) -> Coordinator {
         let mut c = Coordinator::new(config);
-        let records = records.into_iter();
-        // One allocation of the table instead of a rehash at every doubling.
-        c.resources.reserve(records.size_hint().0);
         for r in records {
             let held = r.lease.map(|l| Held {
                 token: r.last_token,

@@ -48,6 +48,14 @@ impl ResourceId {
     }
 }
 
+/// Names order as their strings do (the derived `Ord` compares the text), so a
+/// map keyed by names can be searched by `&str`.
+impl std::borrow::Borrow<str> for ResourceId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
 impl fmt::Display for ResourceId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)

@@ -20,26 +20,24 @@ pub struct ResourcePage {
 impl Coordinator {
     /// Resources whose name starts with `prefix` and sorts after `after` (all
     /// when `None`), as seen at `now`, in name order; at most `limit`, itself
-    /// capped at [`LIST_LIMIT_MAX`]. Costs a scan of every resource: the
-    /// machine indexes by name, not by order.
+    /// capped at [`LIST_LIMIT_MAX`]. Reads only the names it returns (and
+    /// one more): the machine keeps resources in name order.
     pub fn list(&self, now: MonoTime, prefix: &str, after: Option<&str>, limit: usize) -> ResourcePage {
+        use std::ops::Bound;
         let limit = limit.min(LIST_LIMIT_MAX);
-        let mut names: Vec<_> = self
+        let start = match after {
+            Some(a) if a >= prefix => Bound::Excluded(a),
+            _ => Bound::Included(prefix),
+        };
+        let mut names = self
             .resources
-            .keys()
-            .filter(|r| r.as_str().starts_with(prefix))
-            .filter(|r| after.is_none_or(|a| r.as_str() > a))
-            .collect();
-        let more = names.len() > limit;
-        if more {
-            // Only the first `limit` names need sorting.
-            names.select_nth_unstable(limit);
-            names.truncate(limit);
-        }
-        names.sort_unstable();
+            .range::<str, _>((start, Bound::Unbounded))
+            .map(|(r, _)| r)
+            .take_while(|r| r.as_str().starts_with(prefix));
+        let resources: Vec<_> = names.by_ref().take(limit).map(|r| self.status(now, r)).collect();
         ResourcePage {
-            resources: names.into_iter().map(|r| self.status(now, r)).collect(),
-            more,
+            resources,
+            more: names.next().is_some(),
         }
     }
 }
