@@ -17,6 +17,10 @@ pub struct ServerConfig {
     pub batch_max: usize,
     /// Renders `GET /metrics`; `None` serves 404 there.
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    /// Access control; `None`: anyone who reaches the port may do anything.
+    pub policy: Option<leasefence_core::access::Policy>,
+    /// Per-principal and total limits (see [`crate::auth::Limits`]).
+    pub limits: crate::auth::Limits,
 }
 
 impl ServerConfig {
@@ -33,6 +37,8 @@ impl ServerConfig {
             wait_max: Self::DEFAULT_WAIT_MAX,
             batch_max: Self::DEFAULT_BATCH_MAX,
             metrics: None,
+            policy: None,
+            limits: crate::auth::Limits::default(),
         }
     }
 }

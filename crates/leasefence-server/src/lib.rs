@@ -5,11 +5,13 @@
 //! - [`engine`]: the shared state, the one place that reads the clock, executes
 //!   the core's effects (persist, then answer), queues waiters and reaps expiries.
 //! - [`grpc`] and [`http`]: thin edges that validate wire input into core types.
+//! - [`auth`] and [`quota`]: access control (who may do what) and limits.
 //! - [`node`] and [`leadership`]: on a store several coordinators share, who
 //!   is active; the election, epoch-fenced leadership and stepping down.
 //! - [`Server`]: binds the port, recovers the store (or joins the election),
 //!   serves until shutdown.
 
+pub mod auth;
 pub mod config;
 pub mod engine;
 mod error;
@@ -19,6 +21,7 @@ pub mod leadership;
 pub mod metrics;
 pub mod node;
 pub mod peer;
+pub mod quota;
 pub mod watch;
 pub mod wire;
 
@@ -59,6 +62,7 @@ pub struct Server {
     node: Arc<Node>,
     mode: Mode,
     metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    access: Arc<auth::Access>,
 }
 
 enum Mode {
@@ -94,6 +98,7 @@ impl Server {
                 epoch: None,
             }),
             mode: Mode::Single(engine),
+            access: Arc::new(auth::Access::new(config.policy, config.limits)),
             metrics: config.metrics,
         })
     }
@@ -118,6 +123,7 @@ impl Server {
             listener,
             node,
             mode: Mode::Shared { election, stop },
+            access: Arc::new(auth::Access::new(config.policy, config.limits)),
             metrics: config.metrics,
         })
     }
@@ -138,11 +144,11 @@ impl Server {
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
         // Without tonic's fallback (a gRPC UNIMPLEMENTED for any path), so
         // that the HTTP router's fallback answers unknown paths, in JSON or gRPC.
-        let grpc = tonic::service::Routes::new(grpc::service(self.node.clone()))
+        let grpc = tonic::service::Routes::new(grpc::service(self.node.clone(), self.access.clone()))
             .prepare()
             .into_axum_router()
             .reset_fallback();
-        let app = http::router(self.node.clone(), self.metrics).merge(grpc);
+        let app = http::router(self.node.clone(), self.metrics, self.access).merge(grpc);
         if let Ok(addr) = self.listener.local_addr() {
             tracing::info!(%addr, "serving gRPC and HTTP");
         }
