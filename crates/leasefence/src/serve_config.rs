@@ -35,6 +35,11 @@ struct ServeFile {
     leader_ttl: Option<String>,
     advertise: Option<String>,
     insecure: Option<bool>,
+    auth: Option<String>,
+    leases_per_principal_max: Option<usize>,
+    waiters_per_principal_max: Option<usize>,
+    watchers_max: Option<usize>,
+    watchers_per_principal_max: Option<usize>,
 }
 
 /// Fills in from `a.config` every argument that the command line and the
@@ -78,8 +83,32 @@ pub fn apply(a: &mut ServeArgs, m: &ArgMatches) -> Result<(), Failure> {
             *slot = duration(key, v)?;
         }
     }
-    if let (Some(v), true) = (file.waiters_max, unset("waiters_max")) {
-        a.waiters_max = v;
+    let counts: [(&str, Option<usize>, &mut usize); 5] = [
+        ("waiters_max", file.waiters_max, &mut a.waiters_max),
+        (
+            "leases_per_principal_max",
+            file.leases_per_principal_max,
+            &mut a.leases_per_principal_max,
+        ),
+        (
+            "waiters_per_principal_max",
+            file.waiters_per_principal_max,
+            &mut a.waiters_per_principal_max,
+        ),
+        ("watchers_max", file.watchers_max, &mut a.watchers_max),
+        (
+            "watchers_per_principal_max",
+            file.watchers_per_principal_max,
+            &mut a.watchers_per_principal_max,
+        ),
+    ];
+    for (id, value, slot) in counts {
+        if let (Some(v), true) = (value, unset(id)) {
+            *slot = v;
+        }
+    }
+    if let (Some(v), true) = (&file.auth, unset("auth")) {
+        a.auth = Some(v.into());
     }
     let texts: [(&str, &Option<String>, &mut Option<String>); 3] = [
         ("store", &file.store, &mut a.store),
