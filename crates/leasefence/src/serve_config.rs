@@ -177,6 +177,32 @@ mod tests {
     }
 
     #[test]
+    fn access_control_and_limits_come_from_the_file_too() {
+        let a = serve(
+            "auth = \"/etc/leasefence/auth.toml\"\nleases-per-principal-max = 5\nwaiters-per-principal-max = 6\n\
+             watchers-max = 7\nwatchers-per-principal-max = 8\n",
+            &["--watchers-max", "70"],
+        )
+        .expect("valid");
+        assert_eq!(
+            a.auth.as_deref().and_then(|p| p.to_str()),
+            Some("/etc/leasefence/auth.toml")
+        );
+        assert_eq!(
+            (
+                a.leases_per_principal_max,
+                a.waiters_per_principal_max,
+                a.watchers_max,
+                a.watchers_per_principal_max
+            ),
+            (5, 6, 70, 8),
+            "the flag wins over the file"
+        );
+        let e = serve("watchers-max = \"many\"\n", &[]).expect_err("a string");
+        assert!(e.contains("watchers-max"), "{e}");
+    }
+
+    #[test]
     fn a_flag_overrides_the_file() {
         let a = serve("ttl-max = \"2s\"\nlisten = \"127.0.0.1:7999\"\n", &["--ttl-max", "9s"]).expect("valid");
         assert_eq!(a.ttl_max, Duration::from_secs(9));

@@ -55,7 +55,7 @@ struct Served {
     child: Child,
     url: String,
     log: Arc<Mutex<String>>,
-    _dir: tempfile::TempDir,
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl Drop for Served {
@@ -84,7 +84,14 @@ rules = [{ prefix = "", verbs = ["read", "admin"] }]
 
 fn serve(listen: &str) -> Served {
     let dir = tempfile::tempdir().expect("tempdir");
-    let policy = dir.path().join("auth.toml");
+    let mut s = serve_in(dir.path(), listen, &[]);
+    s._dir = Some(dir);
+    s
+}
+
+/// `serve --auth` with its policy and data under `dir`, and `extra` flags.
+fn serve_in(dir: &std::path::Path, listen: &str, extra: &[&str]) -> Served {
+    let policy = dir.join("auth.toml");
     let text = POLICY
         .replace("ALICE", &hash("tok-alice"))
         .replace("OPS", &hash("tok-ops"))
@@ -92,9 +99,10 @@ fn serve(listen: &str) -> Served {
     std::fs::write(&policy, text).expect("write policy");
     let mut child = Command::new(BIN)
         .args(["serve", "--listen", listen, "--data-dir"])
-        .arg(dir.path().join("data"))
+        .arg(dir.join("data"))
         .arg("--auth")
         .arg(&policy)
+        .args(extra)
         .env("LEASEFENCE_LOG", "info")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -129,7 +137,7 @@ fn serve(listen: &str) -> Served {
         child,
         url: format!("http://127.0.0.1:{port}"),
         log,
-        _dir: dir,
+        _dir: None,
     }
 }
 
@@ -299,4 +307,89 @@ fn with_auth_a_non_loopback_listen_needs_no_insecure() {
     assert!(err.contains("no credential"), "{err}");
     let log = s.log.lock().map(|l| l.clone()).unwrap_or_default();
     assert!(!log.contains("--insecure"), "no insecure warning: {log}");
+}
+
+/// The stores to restart on: embedded always, PostgreSQL and etcd when their
+/// test services are configured (required under CI).
+fn stores() -> Vec<(&'static str, Vec<String>)> {
+    let ci = std::env::var("CI").as_deref() == Ok("true");
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mut out = vec![("embedded", vec![])];
+    match std::env::var("LEASEFENCE_TEST_POSTGRES_URL") {
+        Ok(url) => out.push(("postgres", vec![url, format!("lftest_auth_{n:x}")])),
+        Err(_) if ci => panic!("LEASEFENCE_TEST_POSTGRES_URL is required under CI"),
+        Err(_) => eprintln!("skipped PostgreSQL: LEASEFENCE_TEST_POSTGRES_URL is not set"),
+    }
+    if cfg!(feature = "etcd") {
+        match std::env::var("LEASEFENCE_TEST_ETCD_URL") {
+            Ok(url) => out.push(("etcd", vec![url, format!("/lftest-auth-{n:x}/")])),
+            Err(_) if ci => panic!("LEASEFENCE_TEST_ETCD_URL is required under CI"),
+            Err(_) => eprintln!("skipped etcd: LEASEFENCE_TEST_ETCD_URL is not set"),
+        }
+    }
+    out
+}
+
+/// Waits until `s` answers (a coordinator on a shared store first wins its leadership).
+fn until_serving(s: &Served) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (code, _, err) = cli(s, Some("tok-ops"), &["status", "jobs/ready"]);
+        if code == 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "not serving: {err}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn ownership_survives_a_restart_on_every_store() {
+    for (backend, store) in stores() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let listen = format!("127.0.0.1:{port}");
+        let advertise = format!("http://{listen}");
+        let mut extra: Vec<&str> = vec![];
+        if let [url, prefix] = store.as_slice() {
+            extra = vec![
+                "--store",
+                url,
+                "--store-prefix",
+                prefix,
+                "--leader-ttl",
+                "1s",
+                "--advertise",
+                &advertise,
+            ];
+        }
+        let s = serve_in(dir.path(), &listen, &extra);
+        until_serving(&s);
+        let (code, out, err) = cli(
+            &s,
+            Some("tok-alice"),
+            &["acquire", "jobs/kept", "--ttl", "60s", "--json"],
+        );
+        assert_eq!(code, 0, "{backend}: {err}");
+        let lease = json(&out);
+        let id = lease["lease_id"].as_str().expect("id").to_string();
+        drop(s); // SIGKILL
+        let s = serve_in(dir.path(), &listen, &extra);
+        until_serving(&s);
+        let (code, _, err) = cli(&s, Some("tok-bob"), &["release", "jobs/kept", "--lease-id", &id]);
+        assert_eq!(code, 7, "{backend}: bob may not release alice's lease: {err}");
+        assert!(err.contains("only its owner"), "{backend}: {err}");
+        let (code, out, err) = cli(
+            &s,
+            Some("tok-alice"),
+            &["release", "jobs/kept", "--lease-id", &id, "--json"],
+        );
+        assert_eq!(code, 0, "{backend}: {err}");
+        assert_eq!(json(&out)["token"], lease["token"], "{backend}");
+    }
 }
