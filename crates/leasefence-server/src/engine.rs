@@ -255,6 +255,7 @@ impl Engine {
             let refused = limit.as_ref().and_then(|l| {
                 let now = self.now();
                 inner.machine.advance(now);
+                self.dispatch(&mut inner);
                 over_limit(&inner, now, &req.resource, !req.wait.is_zero(), l)
             });
             let mut waiter_rx = None;

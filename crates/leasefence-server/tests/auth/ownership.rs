@@ -252,3 +252,35 @@ async fn limits_refuse_with_429_naming_the_limit_and_its_value() {
     }
     assert!(freed, "the slot of a closed watch is given back");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_principals_lease_count_goes_down_on_release_and_expiry() {
+    let s = start(Limits {
+        leases_per_principal_max: 1,
+        ..Limits::default()
+    })
+    .await;
+    let acquire = |r: &str, ttl_ms: u64| json!({ "resource": r, "ttl_ms": ttl_ms });
+    let (code, v) = s.post(Some(ALICE), "/v1/acquire", acquire("jobs/e0", 60_000)).await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(s.post(Some(ALICE), "/v1/acquire", acquire("jobs/e1", 100)).await.0, 429);
+    assert_eq!(
+        s.post(Some(BOB), "/v1/acquire", acquire("jobs/e1", 100)).await.0,
+        200,
+        "bob has his own count"
+    );
+    let lease = json!({ "resource": "jobs/e0", "lease_id": v["lease_id"] });
+    assert_eq!(s.post(Some(ALICE), "/v1/release", lease).await.0, 200);
+    assert_eq!(
+        s.post(Some(ALICE), "/v1/acquire", acquire("jobs/e2", 100)).await.0,
+        200,
+        "after a release"
+    );
+    assert_eq!(s.post(Some(ALICE), "/v1/acquire", acquire("jobs/e3", 100)).await.0, 429);
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(
+        s.post(Some(ALICE), "/v1/acquire", acquire("jobs/e3", 100)).await.0,
+        200,
+        "after an expiry"
+    );
+}

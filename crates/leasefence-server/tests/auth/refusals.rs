@@ -204,3 +204,26 @@ async fn a_prefix_watch_needs_read_on_all_of_the_prefix() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_refuses_a_message_over_the_http_body_limit_too() {
+    let s = start(Limits::default()).await;
+    let mut c = s.grpc.clone();
+    let big = leasefence_proto::v1::AcquireRequest {
+        resource: "jobs/big".into(),
+        ttl_ms: 1000,
+        holder: "h".repeat(80 * 1024),
+        ..Default::default()
+    };
+    let e = c
+        .acquire(crate::support::req(big, Some(ALICE)))
+        .await
+        .expect_err("too big");
+    assert!(e.message().contains("too large"), "{e:?}");
+    let (code, v) = s.get(Some(OPS), "/v1/status?resource=jobs/big").await;
+    assert_eq!(
+        (code, v["last_token"].clone()),
+        (200, serde_json::Value::Null),
+        "nothing granted"
+    );
+}
