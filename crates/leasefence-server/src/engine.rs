@@ -31,9 +31,8 @@ use leasefence_store::{Committer, Seq, StoreError};
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
-use crate::auth::AuthError;
 use crate::leadership::LeaderGate;
-use crate::quota::{PrincipalLimit, Quota};
+use crate::quota::{self, PrincipalLimit, Quota};
 use crate::watch::{Filter, Hub, Subscription, WatchError, event_of, publish_durable};
 use crate::{ApiError, metrics};
 
@@ -256,7 +255,7 @@ impl Engine {
                 let now = self.now();
                 inner.machine.advance(now);
                 self.dispatch(&mut inner);
-                over_limit(&inner, now, &req.resource, !req.wait.is_zero(), l)
+                quota::over_limit(&inner.quota, &inner.machine, now, &req.resource, !req.wait.is_zero(), l)
             });
             let mut waiter_rx = None;
             let outcome = match refused {
@@ -364,7 +363,7 @@ impl Engine {
             let mut inner = self.lock();
             self.live(&inner)?;
             let now = self.now();
-            let result = match not_owner(&mut inner.machine, now, resource, lease_id, owner) {
+            let result = match quota::not_owner(&mut inner.machine, now, resource, lease_id, owner) {
                 Some(e) => Err(e),
                 None => inner.machine.renew(now, resource, lease_id).map_err(ApiError::from),
             };
@@ -409,7 +408,7 @@ impl Engine {
             let mut inner = self.lock();
             self.live(&inner)?;
             let now = self.now();
-            let result = match not_owner(&mut inner.machine, now, resource, lease_id, owner) {
+            let result = match quota::not_owner(&mut inner.machine, now, resource, lease_id, owner) {
                 Some(e) => Err(e),
                 None => inner.machine.release(now, resource, lease_id).map_err(ApiError::from),
             };
@@ -564,49 +563,6 @@ impl Drop for WaitGuard {
             inner.quota.unqueued(self.id);
         }
     }
-}
-
-/// The refusal of an acquire over its principal's limits, if it is one.
-fn over_limit(inner: &Inner, now: MonoTime, resource: &ResourceId, wait: bool, l: &PrincipalLimit) -> Option<ApiError> {
-    let held = inner.quota.held_by(&l.principal);
-    if held >= l.leases_max {
-        return Some(
-            AuthError::limit(
-                "leases-per-principal-max",
-                l.leases_max,
-                format!("principal {:?} holds {held} leases", l.principal),
-            )
-            .into(),
-        );
-    }
-    let waiting = inner.quota.waiting_by(&l.principal);
-    if wait && waiting >= l.waiters_max && inner.machine.busy(now, resource).is_some() {
-        let what = format!("principal {:?} has {waiting} acquires waiting", l.principal);
-        return Some(AuthError::limit("waiters-per-principal-max", l.waiters_max, what).into());
-    }
-    None
-}
-
-/// With `owner`, the refusal of a renew or release of the lease `lease_id`
-/// when it is another principal's. A lease id that holds nothing is left to
-/// the machine, which answers lease lost.
-fn not_owner(
-    machine: &mut Coordinator,
-    now: MonoTime,
-    resource: &ResourceId,
-    lease_id: &LeaseId,
-    owner: Option<&str>,
-) -> Option<ApiError> {
-    let owner = owner?;
-    machine.advance(now);
-    let holder = machine.holder_of(resource, lease_id)?;
-    (leasefence_core::access::owner_of(holder.as_str()) != owner).then(|| {
-        AuthError::NotOwner {
-            principal: owner.to_string(),
-            resource: resource.to_string(),
-        }
-        .into()
-    })
 }
 
 /// The busy answer for a waiter whose wait ran out: held, or in a lock-delay.

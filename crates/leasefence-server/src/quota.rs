@@ -1,6 +1,7 @@
 //! What each principal holds and has waiting, counted inside the engine (under
 //! its lock) so that the per-principal limits are checked against exactly
-//! what the machine has. A lease's principal is the part of its recorded
+//! what the machine has; and the owner check of renew and release, made
+//! under the same lock. A lease's principal is the part of its recorded
 //! holder before the first `/` ([`leasefence_core::access::owner_of`]), so the
 //! count is rebuilt from the store's records after a restart.
 
@@ -8,7 +9,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use leasefence_core::access::owner_of;
-use leasefence_core::{Mutation, ResourceId, StoredResource, WaiterId};
+use leasefence_core::{Coordinator, LeaseId, MonoTime, Mutation, ResourceId, StoredResource, WaiterId};
+
+use crate::ApiError;
+use crate::auth::AuthError;
 
 /// Per-principal limits of one acquire, as the edge hands them to the engine.
 #[derive(Clone, Debug)]
@@ -88,6 +92,56 @@ impl Quota {
         self.waiting.clear();
         self.waiting_by.clear();
     }
+}
+
+/// The refusal of an acquire over its principal's limits, if it is one.
+pub(crate) fn over_limit(
+    quota: &Quota,
+    machine: &Coordinator,
+    now: MonoTime,
+    resource: &ResourceId,
+    wait: bool,
+    l: &PrincipalLimit,
+) -> Option<ApiError> {
+    let held = quota.held_by(&l.principal);
+    if held >= l.leases_max {
+        return Some(
+            AuthError::limit(
+                "leases-per-principal-max",
+                l.leases_max,
+                format!("principal {:?} holds {held} leases", l.principal),
+            )
+            .into(),
+        );
+    }
+    let waiting = quota.waiting_by(&l.principal);
+    if wait && waiting >= l.waiters_max && machine.busy(now, resource).is_some() {
+        let what = format!("principal {:?} has {waiting} acquires waiting", l.principal);
+        return Some(AuthError::limit("waiters-per-principal-max", l.waiters_max, what).into());
+    }
+    None
+}
+
+/// With `owner`, the refusal of a renew or release of the lease `lease_id`
+/// when it is another principal's. A lease id that holds nothing is left to
+/// the machine, which answers lease lost.
+pub(crate) fn not_owner(
+    machine: &mut Coordinator,
+    now: MonoTime,
+    resource: &ResourceId,
+    lease_id: &LeaseId,
+    owner: Option<&str>,
+) -> Option<ApiError> {
+    let owner = owner?;
+    machine.advance(now);
+    let holder = machine.holder_of(resource, lease_id)?;
+    (owner_of(holder.as_str()) != owner).then(|| {
+        AuthError::NotOwner {
+            principal: owner.to_string(),
+            resource: resource.to_string(),
+        }
+        .into()
+    })
 }
 
 fn decrement(counts: &mut HashMap<Arc<str>, usize>, key: &str) {
