@@ -66,6 +66,7 @@ async fn another_principals_lease_is_refused_even_with_its_lease_id() {
         assert_eq!(released.into_inner().token, token);
     }
     assert!(refused >= 100, "{refused}");
+    eprintln!("not_owner: {refused} renew/release/keep-alive attempts refused");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -68,6 +68,7 @@ async fn unknown_principals_get_401_on_every_operation_of_both_edges() {
         }
     }
     assert!(checked >= 200, "{checked} requests");
+    eprintln!("401: {checked} requests, all refused");
     // Nothing was granted to anyone.
     for i in 0..16 {
         let (code, v) = s.get(Some(OPS), &format!("/v1/status?resource=jobs/{i}")).await;
@@ -136,6 +137,7 @@ async fn a_verb_missing_on_the_prefix_gets_403_naming_verb_and_resource() {
     }
     assert!(denied >= 100, "{denied} refusals");
     assert!(allowed_n >= 20, "{allowed_n} allowed");
+    eprintln!("HTTP 403: {denied} refused, {allowed_n} allowed, all as the rules say");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -174,6 +176,7 @@ async fn grpc_refuses_a_missing_verb_with_permission_denied_naming_it() {
         }
     }
     assert!(denied >= 100, "{denied} refusals");
+    eprintln!("gRPC 403: {denied} refused as the rules say");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
