@@ -393,3 +393,28 @@ fn ownership_survives_a_restart_on_every_store() {
         assert_eq!(json(&out)["token"], lease["token"], "{backend}");
     }
 }
+
+#[test]
+fn a_bad_policy_file_stops_serve_naming_the_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let policy = dir.path().join("auth.toml");
+    std::fs::write(
+        &policy,
+        "[[principal]]\nname = \"w\"\ntoken-sha256 = \"abc\"\nrules = [{ prefix = \"\", verbs = [\"read\"] }]\n",
+    )
+    .expect("write");
+    let out = Command::new(BIN)
+        .args(["serve", "--listen", "0.0.0.0:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .arg("--auth")
+        .arg(&policy)
+        .output()
+        .expect("run serve");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("principal[0] (\"w\").token-sha256") && err.contains("64 hex digits"),
+        "{err}"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).is_empty(), "it did not start");
+}
