@@ -285,3 +285,28 @@ async fn a_principals_lease_count_goes_down_on_release_and_expiry() {
         "after an expiry"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_access_control_anyone_may_force_release() {
+    let config = ServerConfig::new("127.0.0.1:0".parse().expect("addr"), std::env::temp_dir());
+    let server = Server::bind_with_store(config, leasefence_store::MemoryStore::new());
+    let s = serve(server.await.expect("bind")).await;
+    let (code, v) = s
+        .post(
+            None,
+            "/v1/acquire",
+            json!({ "resource": "x", "ttl_ms": 60_000, "holder": "h" }),
+        )
+        .await;
+    assert_eq!(
+        (code, v["holder"].as_str()),
+        (200, Some("h")),
+        "the holder is kept as given: {v}"
+    );
+    let (code, v) = s.post(None, "/v1/force-release", json!({ "resource": "x" })).await;
+    assert_eq!((code, v["token"].as_u64()), (200, Some(1)), "{v}");
+    let (code, v) = s
+        .post(None, "/v1/acquire", json!({ "resource": "x", "ttl_ms": 60_000 }))
+        .await;
+    assert_eq!((code, v["token"].as_u64()), (200, Some(2)), "{v}");
+}
