@@ -1,4 +1,4 @@
-//! Any bytes as an HTTP acquire, renew or release body: decoding never panics,
+//! Any bytes as an HTTP acquire, renew, release or force-release body: decoding never panics,
 //! and whatever it accepts satisfies the documented limits.
 #![no_main]
 
@@ -16,5 +16,9 @@ fuzz_target!(|data: &[u8]| {
     if let Ok((resource, lease_id)) = wire::lease_json(data) {
         assert!(resource.as_str().len() <= RESOURCE_LEN_MAX);
         assert_eq!(leasefence_core::LeaseId::parse_hex(&lease_id.to_hex()), Ok(lease_id));
+    }
+    if let Ok(resource) = wire::resource_json(data) {
+        let r = resource.as_str();
+        assert!(!r.is_empty() && r.len() <= RESOURCE_LEN_MAX && !r.chars().any(char::is_control));
     }
 });

@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use leasefence_core::{Holder, LeaseId, ResourceId, Token};
 use leasefence_proto::status_to_error;
-use leasefence_proto::v1::{self as pb, leases_client::LeasesClient};
-use tonic::transport::Channel;
+use leasefence_proto::v1::{self as pb};
 
 use crate::coordinators::{Failure, classify};
 use crate::retry::{Failed, Safety};
@@ -31,7 +30,7 @@ impl Client {
         attempt: F,
     ) -> Result<T, ClientError>
     where
-        F: FnMut(LeasesClient<Channel>) -> Fut,
+        F: FnMut(crate::GrpcClient) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         self.attempts(limit, safety, attempt)
@@ -124,6 +123,23 @@ impl Client {
         Token::new(reply.token).ok_or_else(|| ClientError::Server("released token 0".into()))
     }
 
+    /// Ends `resource`'s lease whoever holds it (needs `admin` where access
+    /// control is on): the token of the lease that ended, `None` if none
+    /// was held. Not retried after an ambiguous failure: a second try
+    /// could end the next holder's lease.
+    pub async fn force_release(&self, resource: &ResourceId) -> Result<Option<Token>, ClientError> {
+        let req = pb::ForceReleaseRequest {
+            resource: resource.to_string(),
+        };
+        let reply = self
+            .call(resource, self.options.call_timeout(), Safety::Once, |mut grpc| {
+                let req = req.clone();
+                async move { grpc.force_release(req).await }
+            })
+            .await?;
+        Ok(Token::new(reply.token).filter(|_| reply.released))
+    }
+
     pub async fn status(&self, resource: &ResourceId) -> Result<StatusInfo, ClientError> {
         let req = pb::GetRequest {
             resource: resource.to_string(),
@@ -204,6 +220,16 @@ fn status_chain(s: &tonic::Status) -> String {
 pub(crate) fn status_error(resource: &ResourceId, s: &tonic::Status) -> Option<ClientError> {
     if let Some(e) = status_to_error(resource, s) {
         return Some(ClientError::Lease(e));
+    }
+    let kind = s
+        .metadata()
+        .get(leasefence_proto::META_ERROR)
+        .and_then(|v| v.to_str().ok());
+    if let Some(kind @ ("unauthenticated" | "permission_denied" | "limit_exceeded")) = kind {
+        return Some(ClientError::Refused {
+            kind: kind.to_string(),
+            message: s.message().to_string(),
+        });
     }
     (classify(s) == Failure::Final).then(|| ClientError::Server(s.to_string()))
 }

@@ -112,7 +112,7 @@ fn caused_by_connecting(status: &tonic::Status) -> bool {
 pub(crate) struct Pick {
     pub index: usize,
     pub url: String,
-    pub grpc: LeasesClient<Channel>,
+    pub grpc: crate::GrpcClient,
 }
 
 #[derive(Clone, Debug)]
@@ -159,7 +159,7 @@ impl Coordinators {
         Pick {
             index: k.active,
             url: e.url.clone(),
-            grpc: LeasesClient::new(e.channel.clone()),
+            grpc: LeasesClient::with_interceptor(e.channel.clone(), self.options.credentials().clone()),
         }
     }
 

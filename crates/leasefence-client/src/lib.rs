@@ -97,10 +97,13 @@ pub use coordinators::{COORDINATORS_MAX, META_LEADER, NOT_LEADER_PREFIX, URL_LEN
 pub use deadline::{DEFAULT_MARGIN_FLOOR, MARGIN_MIN, default_margin};
 pub use election::{CAMPAIGN_WAIT_DEFAULT, Leader, LeaderChange, LeaderChanges};
 pub use options::{
-    CALL_TIMEOUT_DEFAULT, CONNECT_TIMEOUT_DEFAULT, ClientOptions, KEEP_ALIVE_INTERVAL_DEFAULT,
+    CALL_TIMEOUT_DEFAULT, CONNECT_TIMEOUT_DEFAULT, ClientOptions, Credentials, KEEP_ALIVE_INTERVAL_DEFAULT,
     KEEP_ALIVE_TIMEOUT_DEFAULT,
 };
 pub use session::{Lease, LeaseConfig, WithLeaseError};
+
+/// The generated gRPC client, sending the options' bearer token (if any) on every call.
+pub type GrpcClient = LeasesClient<tonic::service::interceptor::InterceptedService<Channel, options::Credentials>>;
 pub use watch::{LeaseWatch, Loss};
 
 use std::sync::Arc;
@@ -128,6 +131,11 @@ pub enum ClientError {
     /// The coordinator answered with an error that is not a lease outcome.
     #[error("coordinator error: {0}")]
     Server(String),
+    /// Refused by the coordinator's access control or a limit: `kind` is
+    /// `unauthenticated`, `permission_denied` or `limit_exceeded`, and the
+    /// message names what was missing (the verb and resource, the limit).
+    #[error("refused ({kind}): {message}")]
+    Refused { kind: String, message: String },
 }
 
 /// A lease as the coordinator answered it.
@@ -269,7 +277,7 @@ impl Client {
     /// believed active (cheap: channels are shared). Keep-alive pings apply;
     /// per-call deadlines, leader hints and retries do not: bound unary
     /// calls yourself, or use [`Client::open_watch`] for watches.
-    pub fn grpc(&self) -> LeasesClient<Channel> {
+    pub fn grpc(&self) -> GrpcClient {
         self.coordinators.pick().grpc
     }
 

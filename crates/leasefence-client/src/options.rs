@@ -9,6 +9,10 @@
 //! they are meant to last — and rely on keep-alive pings instead: a
 //! connection that answers no ping within the keep-alive timeout is closed,
 //! which ends every stream on it with a transport error.
+//!
+//! With a bearer token ([`ClientOptions::with_token`]) every call carries
+//! `authorization: Bearer <token>`, for a coordinator with access control.
+//! The token is never printed, `Debug` included.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,6 +47,7 @@ pub struct ClientOptions {
     keep_alive_interval: Duration,
     keep_alive_timeout: Duration,
     clock: Arc<dyn Clock>,
+    token: Credentials,
 }
 
 impl Default for ClientOptions {
@@ -55,6 +60,7 @@ impl Default for ClientOptions {
             keep_alive_interval: KEEP_ALIVE_INTERVAL_DEFAULT,
             keep_alive_timeout: KEEP_ALIVE_TIMEOUT_DEFAULT,
             clock: default_clock(),
+            token: Credentials::default(),
         }
     }
 }
@@ -90,6 +96,19 @@ impl ClientOptions {
         self
     }
 
+    /// Sends `token` as `authorization: Bearer <token>` on every call.
+    pub fn with_token(mut self, token: impl Into<String>) -> ClientOptions {
+        self.token = Credentials {
+            token: Some(token.into()),
+        };
+        self
+    }
+
+    /// The interceptor that adds the token to each call.
+    pub fn credentials(&self) -> &Credentials {
+        &self.token
+    }
+
     pub fn call_timeout(&self) -> Duration {
         self.call_timeout
     }
@@ -123,6 +142,14 @@ impl ClientOptions {
                 return Err(Invalid::new(field, "must be more than zero"));
             }
         }
+        if let Some(t) = &self.token.token
+            && (t.is_empty() || !t.bytes().all(|b| b.is_ascii_graphic()))
+        {
+            return Err(Invalid::new(
+                "token",
+                "must be 1 or more visible ASCII characters (no spaces or control characters)",
+            ));
+        }
         Ok(())
     }
 
@@ -135,6 +162,34 @@ impl ClientOptions {
             .http2_keep_alive_interval(self.keep_alive_interval)
             .keep_alive_timeout(self.keep_alive_timeout)
             .keep_alive_while_idle(true))
+    }
+}
+
+/// The bearer token of every call, as a tonic interceptor; `Debug` hides it.
+#[derive(Clone, Default)]
+pub struct Credentials {
+    token: Option<String>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shown = if self.token.is_some() { "<token>" } else { "none" };
+        write!(f, "Credentials({shown})")
+    }
+}
+
+impl tonic::service::Interceptor for Credentials {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(token) = &self.token {
+            // `check` made sure the token is visible ASCII.
+            let mut value: tonic::metadata::MetadataValue<tonic::metadata::Ascii> =
+                format!("Bearer {token}")
+                    .parse()
+                    .map_err(|_| tonic::Status::invalid_argument("the token must be visible ASCII"))?;
+            value.set_sensitive(true);
+            request.metadata_mut().insert("authorization", value);
+        }
+        Ok(request)
     }
 }
 
@@ -165,5 +220,22 @@ mod tests {
             .check()
             .unwrap_err();
         assert_eq!(e.field(), "keep_alive_timeout");
+    }
+
+    #[test]
+    fn the_token_is_checked_and_never_printed() {
+        let o = ClientOptions::default().with_token("s3cret-token");
+        assert!(o.check().is_ok());
+        assert!(!format!("{o:?}").contains("s3cret"), "{o:?}");
+        for bad in ["", "has space", "tab\t"] {
+            let e = ClientOptions::default().with_token(bad).check().unwrap_err();
+            assert_eq!(e.field(), "token", "{bad:?}");
+        }
+        let mut c = o.credentials().clone();
+        let r = tonic::service::Interceptor::call(&mut c, tonic::Request::new(())).expect("ok");
+        assert_eq!(
+            r.metadata().get("authorization").and_then(|v| v.to_str().ok()),
+            Some("Bearer s3cret-token")
+        );
     }
 }

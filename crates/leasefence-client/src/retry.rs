@@ -17,9 +17,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use leasefence_proto::v1::leases_client::LeasesClient;
 use tokio::time::{sleep, timeout};
-use tonic::transport::Channel;
 
 use crate::Client;
 use crate::coordinators::{COORDINATORS_MAX, Failure, classify};
@@ -78,7 +76,7 @@ impl Client {
     /// coordinator that stopped answering does not use it all.
     pub(crate) async fn attempts<T, F, Fut>(&self, limit: Duration, safety: Safety, mut attempt: F) -> Result<T, Failed>
     where
-        F: FnMut(LeasesClient<Channel>) -> Fut,
+        F: FnMut(crate::GrpcClient) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let mut trace = Trace {

@@ -319,6 +319,24 @@ impl Coordinator {
         }
     }
 
+    /// Ends the lease on `resource` whoever holds it (an administrator's
+    /// force-release), exactly as its holder's release would: durably, with
+    /// no lock-delay, handing the resource to the first waiter. The ended
+    /// token, or `None` when nothing was held.
+    pub fn force_release(&mut self, now: MonoTime, resource: &ResourceId) -> Option<Token> {
+        self.advance(now);
+        let token = self.resources.get(resource)?.held.as_ref()?.token;
+        self.end_lease(now, resource, ReleaseCause::Released);
+        Some(token)
+    }
+
+    /// The holder of `resource`'s lease if `lease_id` is that lease (read
+    /// as of the last `advance`).
+    pub fn holder_of(&self, resource: &ResourceId, lease_id: &LeaseId) -> Option<&Holder> {
+        let held = self.resources.get(resource)?.held.as_ref()?;
+        (held.terms.lease_id == *lease_id).then_some(&held.terms.holder)
+    }
+
     /// Removes a queued acquire. `false` if it is no longer queued (granted or rejected).
     pub fn cancel_waiter(&mut self, resource: &ResourceId, waiter: WaiterId) -> bool {
         let Some(entry) = self.resources.get_mut(resource) else {

@@ -313,3 +313,38 @@ fn ended_leases_do_not_pile_up_in_the_expiry_queue() {
     c.advance(at(3_600_000));
     assert_eq!(c.held_count(), 0);
 }
+
+#[test]
+fn force_release_ends_anyones_lease_and_hands_it_to_the_first_waiter() {
+    let mut c = Coordinator::new(Config::default());
+    assert_eq!(c.force_release(at(0), &r("a")), None, "nothing held");
+    assert!(c.take_effects().is_empty());
+    let g = Grant {
+        resource: r("a"),
+        token: tok(1),
+        lease_id: id(1),
+        holder: h("w1"),
+        ttl: Duration::from_millis(1000),
+        expires_at: at(1000),
+    };
+    // With a lock-delay asked for: a force-release, like a release, starts none.
+    let mut first = req("a", "w1", 1, false);
+    first.lock_delay = Duration::from_millis(5000);
+    assert_eq!(granted(c.acquire(at(0), first)), g);
+    assert_eq!(c.holder_of(&r("a"), &id(1)), Some(&h("w1")));
+    assert_eq!(c.holder_of(&r("a"), &id(9)), None);
+    c.acquire(at(1), req("a", "w2", 2, true)).expect("queued");
+    c.take_effects();
+    assert_eq!(c.force_release(at(10), &r("a")), Some(tok(1)));
+    let effects = c.take_effects();
+    assert!(matches!(
+        &effects[0],
+        Effect::Persist(Mutation::Release { token, cause: ReleaseCause::Released, lock_delay, .. })
+            if *token == tok(1) && lock_delay.is_zero()
+    ));
+    assert!(matches!(&effects[2], Effect::WakeWaiter { grant, .. } if grant.token > tok(1)));
+    // The old lease id is now worth nothing.
+    assert_eq!(c.holder_of(&r("a"), &id(1)), None);
+    assert!(c.renew(at(11), &r("a"), &id(1)).is_err());
+    assert_eq!(c.holder_of(&r("a"), &id(2)), Some(&h("w2")));
+}

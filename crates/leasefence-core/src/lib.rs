@@ -9,6 +9,7 @@
 //! The invariant everything serves: for each resource, no effect authorized by
 //! token n is accepted after an effect authorized by a higher token.
 
+pub mod access;
 mod arbiter;
 mod config;
 mod coordinator;

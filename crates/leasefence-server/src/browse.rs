@@ -7,14 +7,16 @@
 //! | `GET /v1/watch?prefix=P` or `?resource=R`, `&after_revision=N&coordinator_id=C` | `application/x-ndjson`, one event per line |
 //!
 //! Neither shows lease ids. A watch stream's last line may be an error object
-//! (`shutting_down`, or `lagged` with the revision to resume after).
+//! (`shutting_down`, or `lagged` with the revision to resume after). With
+//! access control on, both need `read` on the whole prefix (or the resource),
+//! and a watch takes a watcher slot like a gRPC one.
 
 use std::sync::Arc;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Query, State};
+use axum::extract::{Extension, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -22,9 +24,11 @@ use leasefence_core::{Invalid, LIST_LIMIT_MAX, ResourceStatus};
 use serde_json::{Value, json};
 use tokio::sync::broadcast::error::RecvError;
 
+use crate::auth::{Access, Caller, WatchSlot};
 use crate::http::Failure;
 use crate::watch::{Event, EventKind, Filter, Subscription, WatchError};
 use crate::{Node, wire};
+use leasefence_core::access::Verb;
 
 /// Resources per listing page when the request names no `limit`.
 pub const LIST_LIMIT_DEFAULT: usize = 100;
@@ -90,9 +94,10 @@ fn number(params: &[(&'static str, String)], name: &'static str) -> Result<Optio
         .transpose()
 }
 
-async fn list(State(node): State<Arc<Node>>, query: Params) -> Result<axum::Json<Value>, Failure> {
+async fn list(State(node): State<Arc<Node>>, caller: Caller, query: Params) -> Result<axum::Json<Value>, Failure> {
     let params = params(query, &["prefix", "after", "limit"])?;
     let prefix = prefix(param(&params, "prefix"))?;
+    caller.check_prefix(Verb::Read, &prefix)?;
     let after = param(&params, "after").map(wire::resource).transpose()?;
     let limit = match number(&params, "limit")? {
         None => LIST_LIMIT_DEFAULT,
@@ -151,9 +156,20 @@ fn watch_filter(params: &[(&'static str, String)]) -> Result<Filter, Invalid> {
     }
 }
 
-async fn watch(State(node): State<Arc<Node>>, query: Params) -> Result<Response, Failure> {
+async fn watch(
+    State(node): State<Arc<Node>>,
+    Extension(access): Extension<Arc<Access>>,
+    caller: Caller,
+    query: Params,
+) -> Result<Response, Failure> {
     let params = params(query, &["prefix", "resource", "after_revision", "coordinator_id"])?;
     let filter = watch_filter(&params)?;
+    if filter.prefix {
+        caller.check_prefix(Verb::Read, &filter.resource)?;
+    } else {
+        caller.check(Verb::Read, &wire::resource(&filter.resource)?)?;
+    }
+    let slot = access.watching(&caller)?;
     let after = number(&params, "after_revision")?;
     let coordinator_id = param(&params, "coordinator_id").unwrap_or_default();
     let engine = node.engine()?;
@@ -168,7 +184,7 @@ async fn watch(State(node): State<Arc<Node>>, query: Params) -> Result<Response,
         Failure(code, json!({ "error": kind, "message": e.to_string() }))
     })?;
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(64);
-    tokio::spawn(forward(sub, filter, engine.stopping(), tx));
+    tokio::spawn(forward(sub, filter, engine.stopping(), tx, slot));
     let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
     Ok((
         [
@@ -187,8 +203,10 @@ async fn forward(
     filter: Filter,
     stopping: impl std::future::Future<Output = ()> + Send + 'static,
     tx: tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
+    slot: WatchSlot,
 ) {
     let _watching = crate::metrics::Watching::new();
+    let _slot = slot;
     let Subscription {
         coordinator_id: id,
         backlog,

@@ -19,6 +19,10 @@ pub struct ServerConfig {
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     /// Signs every grant's fence (see `leasefence_core::signing`); `None`: unsigned.
     pub fence_key: Option<leasefence_core::signing::FenceKey>,
+    /// Access control; `None`: anyone who reaches the port may do anything.
+    pub policy: Option<leasefence_core::access::Policy>,
+    /// Per-principal and total limits (see [`crate::auth::Limits`]).
+    pub limits: crate::auth::Limits,
 }
 
 impl ServerConfig {
@@ -36,6 +40,8 @@ impl ServerConfig {
             batch_max: Self::DEFAULT_BATCH_MAX,
             metrics: None,
             fence_key: None,
+            policy: None,
+            limits: crate::auth::Limits::default(),
         }
     }
 }

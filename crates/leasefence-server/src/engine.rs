@@ -32,6 +32,7 @@ use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
 use crate::leadership::LeaderGate;
+use crate::quota::{self, PrincipalLimit, Quota};
 use crate::watch::{Filter, Hub, Subscription, WatchError, event_of, publish_durable};
 use crate::{ApiError, metrics};
 
@@ -41,6 +42,8 @@ struct Inner {
     machine: Coordinator,
     waiters: HashMap<WaiterId, WaiterReply>,
     stopped: bool,
+    /// What each principal holds and has waiting, for the limits.
+    quota: Quota,
     /// The deadline the reaper sleeps until (`None`: it sleeps without one).
     reaper_at: Option<MonoTime>,
 }
@@ -92,6 +95,7 @@ impl Engine {
         records: Vec<StoredResource>,
         gate: Option<Arc<LeaderGate>>,
     ) -> Arc<Engine> {
+        let quota = Quota::recover(&records);
         let machine = Coordinator::recover(config, MonoTime::ZERO, records);
         let hub_id = coordinator_id();
         let hub = Arc::new(Mutex::new(Hub::new(hub_id.clone())));
@@ -101,6 +105,7 @@ impl Engine {
                 machine,
                 waiters: HashMap::new(),
                 stopped: false,
+                quota,
                 reaper_at: None,
             }),
             hub,
@@ -169,6 +174,7 @@ impl Engine {
         let waiters: Vec<WaiterReply> = {
             let mut inner = self.lock();
             inner.stopped = true;
+            inner.quota.clear_waiting();
             inner.waiters.drain().map(|(_, reply)| reply).collect()
         };
         for reply in waiters {
@@ -213,13 +219,24 @@ impl Engine {
     }
 
     pub async fn acquire(self: &Arc<Self>, req: Acquire) -> Result<Grant, ApiError> {
+        self.acquire_limited(req, None).await
+    }
+
+    /// Like [`Engine::acquire`], refused when the principal of `limit`
+    /// already holds its most leases, or would wait while it has its most
+    /// acquires waiting.
+    pub async fn acquire_limited(
+        self: &Arc<Self>,
+        req: Acquire,
+        limit: Option<PrincipalLimit>,
+    ) -> Result<Grant, ApiError> {
         let started = std::time::Instant::now();
-        let answer = self.acquire_timed(req).await;
+        let answer = self.acquire_timed(req, limit).await;
         metrics::latency("acquire", answer.is_ok(), started.elapsed());
         answer
     }
 
-    async fn acquire_timed(self: &Arc<Self>, req: Acquire) -> Result<Grant, ApiError> {
+    async fn acquire_timed(self: &Arc<Self>, req: Acquire, limit: Option<PrincipalLimit>) -> Result<Grant, ApiError> {
         if req.wait > self.wait_max {
             let msg = format!(
                 "must be at most {} ms, got {} ms",
@@ -233,19 +250,34 @@ impl Engine {
         let (outcome, barrier, waiter_rx) = {
             let mut inner = self.lock();
             self.live(&inner)?;
-            let machine_req = AcquireRequest {
-                resource: req.resource,
-                holder: req.holder,
-                ttl: req.ttl,
-                lease_id,
-                wait: !req.wait.is_zero(),
-                lock_delay: req.lock_delay,
-            };
-            let outcome = inner.machine.acquire(self.now(), machine_req);
+            // Expiries due are settled first, so that the counts are current.
+            let refused = limit.as_ref().and_then(|l| {
+                let now = self.now();
+                inner.machine.advance(now);
+                self.dispatch(&mut inner);
+                quota::over_limit(&inner.quota, &inner.machine, now, &req.resource, !req.wait.is_zero(), l)
+            });
             let mut waiter_rx = None;
+            let outcome = match refused {
+                Some(e) => Err(e),
+                None => {
+                    let machine_req = AcquireRequest {
+                        resource: req.resource,
+                        holder: req.holder,
+                        ttl: req.ttl,
+                        lease_id,
+                        wait: !req.wait.is_zero(),
+                        lock_delay: req.lock_delay,
+                    };
+                    inner.machine.acquire(self.now(), machine_req).map_err(ApiError::from)
+                }
+            };
             if let Ok(AcquireOutcome::Queued(id)) = &outcome {
                 let (tx, rx) = oneshot::channel();
                 inner.waiters.insert(*id, tx);
+                if let Some(l) = &limit {
+                    inner.quota.queued(*id, l.principal.clone());
+                }
                 waiter_rx = Some(rx);
             }
             (outcome, self.settle(&mut inner), waiter_rx)
@@ -283,6 +315,7 @@ impl Engine {
                     inner.machine.advance(now);
                     let busy = inner.machine.cancel_waiter(&resource, id).then(|| {
                         inner.waiters.remove(&id);
+                        inner.quota.unqueued(id);
                         busy_error(&inner.machine, now, &resource)
                     });
                     busy.map(|busy| (busy, self.settle(&mut inner)))
@@ -303,17 +336,37 @@ impl Engine {
     /// Extends a lease. Renewals are not persisted; a refusal (the lease was
     /// lost) waits for what the call persisted, such as that lease's expiry.
     pub async fn renew(self: &Arc<Self>, resource: &ResourceId, lease_id: &LeaseId) -> Result<Grant, ApiError> {
+        self.renew_as(resource, lease_id, None).await
+    }
+
+    /// Like [`Engine::renew`]; with `owner`, the lease of `lease_id` must be
+    /// that principal's (else [`AuthError::NotOwner`]).
+    pub async fn renew_as(
+        self: &Arc<Self>,
+        resource: &ResourceId,
+        lease_id: &LeaseId,
+        owner: Option<&str>,
+    ) -> Result<Grant, ApiError> {
         let started = std::time::Instant::now();
-        let answer = self.renew_timed(resource, lease_id).await;
+        let answer = self.renew_timed(resource, lease_id, owner).await;
         metrics::latency("renew", answer.is_ok(), started.elapsed());
         answer
     }
 
-    async fn renew_timed(self: &Arc<Self>, resource: &ResourceId, lease_id: &LeaseId) -> Result<Grant, ApiError> {
+    async fn renew_timed(
+        self: &Arc<Self>,
+        resource: &ResourceId,
+        lease_id: &LeaseId,
+        owner: Option<&str>,
+    ) -> Result<Grant, ApiError> {
         let (result, barrier) = {
             let mut inner = self.lock();
             self.live(&inner)?;
-            let result = inner.machine.renew(self.now(), resource, lease_id);
+            let now = self.now();
+            let result = match quota::not_owner(&mut inner.machine, now, resource, lease_id, owner) {
+                Some(e) => Err(e),
+                None => inner.machine.renew(now, resource, lease_id).map_err(ApiError::from),
+            };
             (result, self.settle(&mut inner))
         };
         match result {
@@ -323,28 +376,61 @@ impl Engine {
             }
             Err(e) => {
                 self.durable(barrier).await?;
-                Err(e.into())
+                Err(e)
             }
         }
     }
 
     pub async fn release(self: &Arc<Self>, resource: &ResourceId, lease_id: &LeaseId) -> Result<Token, ApiError> {
+        self.release_as(resource, lease_id, None).await
+    }
+
+    /// Like [`Engine::release`]; with `owner`, as [`Engine::renew_as`].
+    pub async fn release_as(
+        self: &Arc<Self>,
+        resource: &ResourceId,
+        lease_id: &LeaseId,
+        owner: Option<&str>,
+    ) -> Result<Token, ApiError> {
         let started = std::time::Instant::now();
-        let answer = self.release_timed(resource, lease_id).await;
+        let answer = self.release_timed(resource, lease_id, owner).await;
         metrics::latency("release", answer.is_ok(), started.elapsed());
         answer
     }
 
-    async fn release_timed(self: &Arc<Self>, resource: &ResourceId, lease_id: &LeaseId) -> Result<Token, ApiError> {
+    async fn release_timed(
+        self: &Arc<Self>,
+        resource: &ResourceId,
+        lease_id: &LeaseId,
+        owner: Option<&str>,
+    ) -> Result<Token, ApiError> {
         let (result, barrier) = {
             let mut inner = self.lock();
             self.live(&inner)?;
-            let result = inner.machine.release(self.now(), resource, lease_id);
+            let now = self.now();
+            let result = match quota::not_owner(&mut inner.machine, now, resource, lease_id, owner) {
+                Some(e) => Err(e),
+                None => inner.machine.release(now, resource, lease_id).map_err(ApiError::from),
+            };
             (result, self.settle(&mut inner))
         };
         // Also when the release handed the resource to a waiter at once.
         self.durable(barrier).await?;
-        Ok(result?)
+        result
+    }
+
+    /// Ends whatever lease `resource` has, durably, as its holder's release
+    /// would (waiters are woken; the next grant's token is higher). The
+    /// ended token, or `None` if nothing was held.
+    pub async fn force_release(self: &Arc<Self>, resource: &ResourceId) -> Result<Option<Token>, ApiError> {
+        let (token, barrier) = {
+            let mut inner = self.lock();
+            self.live(&inner)?;
+            let token = inner.machine.force_release(self.now(), resource);
+            (token, self.settle(&mut inner))
+        };
+        self.durable(barrier).await?;
+        Ok(token)
     }
 
     /// The resource as it is on disk now: expiries due are persisted first,
@@ -396,15 +482,18 @@ impl Engine {
             match effect {
                 Effect::Persist(m) => {
                     metrics::mutation(&m);
+                    inner.quota.mutation(&m);
                     let (resource, kind, token, holder) = event_of(&m);
                     let seq = self.committer.submit(m);
                     lock(&self.hub).stage(seq, resource, kind, token, holder);
                 }
                 Effect::WakeWaiter { waiter, grant } => {
+                    inner.quota.unqueued(waiter);
                     let reply = inner.waiters.remove(&waiter);
                     self.wake(reply, grant, self.committer.last_submitted());
                 }
                 Effect::RejectWaiter { waiter, error } => {
+                    inner.quota.unqueued(waiter);
                     if let Some(reply) = inner.waiters.remove(&waiter) {
                         let _ = reply.send(Err(error.into()));
                     }
@@ -471,6 +560,7 @@ impl Drop for WaitGuard {
             let mut inner = self.engine.lock();
             inner.machine.cancel_waiter(&self.resource, self.id);
             inner.waiters.remove(&self.id);
+            inner.quota.unqueued(self.id);
         }
     }
 }

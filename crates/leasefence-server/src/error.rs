@@ -22,6 +22,9 @@ pub enum ApiError {
     /// leadership there), so it grants nothing from memory.
     #[error("coordinator unavailable: {0}")]
     Unavailable(String),
+    /// Refused by access control or a limit.
+    #[error(transparent)]
+    Auth(crate::auth::AuthError),
 }
 
 impl ApiError {
@@ -37,8 +40,10 @@ impl ApiError {
 
     /// Counts this outcome; the edges call it once per refused request.
     pub(crate) fn counted(self) -> ApiError {
-        if let ApiError::Lease(e) = &self {
-            crate::metrics::refusal(e);
+        match &self {
+            ApiError::Lease(e) => crate::metrics::refusal(e),
+            ApiError::Auth(e) => crate::metrics::auth_refusal(e),
+            _ => {}
         }
         self
     }

@@ -1,5 +1,7 @@
 //! The gRPC edge (`leasefence.v1.Leases`): decode, validate, call the engine,
-//! encode. Refusals map to statuses through `leasefence_proto`.
+//! encode. Refusals map to statuses through `leasefence_proto`; access
+//! control's (see [`crate::auth`]) to UNAUTHENTICATED, PERMISSION_DENIED and
+//! RESOURCE_EXHAUSTED with `leasefence-error` metadata.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -13,16 +15,21 @@ use tonic::{Request, Response, Status, Streaming};
 
 use tokio::sync::broadcast::error::RecvError;
 
+use crate::auth::{Access, AuthError, Caller, WatchSlot};
+use crate::peer::PeerCertificate;
 use crate::watch::Subscription;
 use crate::watch::{Event, EventKind, Filter, WatchError};
 use crate::{ApiError, Engine, Node, wire};
+use leasefence_core::access::Verb;
 
-pub fn service(node: Arc<Node>) -> LeasesServer<GrpcLeases> {
-    LeasesServer::new(GrpcLeases { node })
+pub fn service(node: Arc<Node>, access: Arc<Access>) -> LeasesServer<GrpcLeases> {
+    // The same bound on a request as the HTTP edge's (tonic's default is 4 MiB).
+    LeasesServer::new(GrpcLeases { node, access }).max_decoding_message_size(crate::http::BODY_BYTES_MAX)
 }
 
 pub struct GrpcLeases {
     node: Arc<Node>,
+    access: Arc<Access>,
 }
 
 impl GrpcLeases {
@@ -30,6 +37,30 @@ impl GrpcLeases {
     fn engine(&self) -> Result<Arc<Engine>, Status> {
         self.node.engine().map_err(status)
     }
+
+    /// Who sent `request`: its `authorization` metadata, else its client certificate.
+    fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
+        let authorization = request.metadata().get("authorization").map(|v| v.as_bytes());
+        let peer = request.extensions().get::<PeerCertificate>();
+        self.access.identify(authorization, peer).map_err(auth)
+    }
+}
+
+fn auth(e: AuthError) -> Status {
+    status(ApiError::Auth(e))
+}
+
+fn auth_status(e: &AuthError) -> Status {
+    let mut s = match e {
+        AuthError::Unauthenticated(m) => Status::unauthenticated(m.clone()),
+        AuthError::PermissionDenied(_) | AuthError::NotOwner { .. } => Status::permission_denied(e.to_string()),
+        AuthError::Limit { .. } => Status::resource_exhausted(e.to_string()),
+    };
+    s.metadata_mut().insert(
+        leasefence_proto::META_ERROR,
+        tonic::metadata::MetadataValue::from_static(e.kind()),
+    );
+    s
 }
 
 fn status(e: ApiError) -> Status {
@@ -39,6 +70,7 @@ fn status(e: ApiError) -> Status {
         ApiError::ShuttingDown => Status::unavailable("coordinator is shutting down"),
         e @ ApiError::NotLeader { .. } => not_leader(&e),
         e @ ApiError::Unavailable(_) => Status::unavailable(e.to_string()),
+        ApiError::Auth(e) => auth_status(&e),
     }
 }
 
@@ -77,20 +109,21 @@ type LeaseStream = Pin<Box<dyn Stream<Item = Result<pb::Lease, Status>> + Send +
 #[tonic::async_trait]
 impl Leases for GrpcLeases {
     async fn acquire(&self, request: Request<pb::AcquireRequest>) -> Result<Response<pb::Lease>, Status> {
+        let caller = self.caller(&request)?;
         let r = request.into_inner();
-        let req = wire::acquire_proto(&r).map_err(invalid)?;
+        let mut req = wire::acquire_proto(&r).map_err(invalid)?;
+        caller.check(Verb::Acquire, &req.resource).map_err(auth)?;
+        req.holder = caller.holder(req.holder).map_err(invalid)?;
         let engine = self.engine()?;
-        let grant = engine.acquire(req).await.map_err(status)?;
+        let grant = engine.acquire_limited(req, caller.limit()).await.map_err(status)?;
         Ok(Response::new(lease(&self.node, &engine, &grant)))
     }
 
     async fn renew(&self, request: Request<pb::RenewRequest>) -> Result<Response<pb::Lease>, Status> {
-        let r = request.into_inner();
-        let resource = wire::resource(&r.resource).map_err(invalid)?;
-        let id = wire::lease_id(&r.lease_id).map_err(invalid)?;
+        let caller = self.caller(&request)?;
         let engine = self.engine()?;
-        let grant = engine.renew(&resource, &id).await.map_err(status)?;
-        Ok(Response::new(lease(&self.node, &engine, &grant)))
+        let lease = renew_one(&self.node, &engine, &caller, request.get_ref()).await?;
+        Ok(Response::new(lease))
     }
 
     type KeepAliveStream = LeaseStream;
@@ -99,6 +132,7 @@ impl Leases for GrpcLeases {
         &self,
         request: Request<Streaming<pb::RenewRequest>>,
     ) -> Result<Response<Self::KeepAliveStream>, Status> {
+        let caller = self.caller(&request)?;
         let engine = self.engine()?;
         let node = self.node.clone();
         let mut incoming = request.into_inner();
@@ -116,7 +150,7 @@ impl Leases for GrpcLeases {
                 let Some(msg) = msg else { return };
                 let reply = match msg {
                     Err(e) => Err(e),
-                    Ok(r) => renew_one(&node, &engine, &r).await,
+                    Ok(r) => renew_one(&node, &engine, &caller, &r).await,
                 };
                 let failed = reply.is_err();
                 if tx.send(reply).await.is_err() || failed {
@@ -128,10 +162,16 @@ impl Leases for GrpcLeases {
     }
 
     async fn release(&self, request: Request<pb::ReleaseRequest>) -> Result<Response<pb::Released>, Status> {
+        let caller = self.caller(&request)?;
         let r = request.into_inner();
         let resource = wire::resource(&r.resource).map_err(invalid)?;
         let id = wire::lease_id(&r.lease_id).map_err(invalid)?;
-        let token = self.engine()?.release(&resource, &id).await.map_err(status)?;
+        caller.check(Verb::Acquire, &resource).map_err(auth)?;
+        let engine = self.engine()?;
+        let token = engine
+            .release_as(&resource, &id, caller.principal())
+            .await
+            .map_err(status)?;
         Ok(Response::new(pb::Released {
             resource: r.resource,
             token: token.get(),
@@ -141,9 +181,16 @@ impl Leases for GrpcLeases {
     type WatchStream = WatchStream;
 
     async fn watch(&self, request: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        let caller = self.caller(&request)?;
         let r = request.into_inner();
         if !(r.prefix && r.resource.is_empty()) {
-            wire::resource(&r.resource).map_err(invalid)?;
+            let resource = wire::resource(&r.resource).map_err(invalid)?;
+            if !r.prefix {
+                caller.check(Verb::Read, &resource).map_err(auth)?;
+            }
+        }
+        if r.prefix {
+            caller.check_prefix(Verb::Read, &r.resource).map_err(auth)?;
         }
         let filter = Filter {
             resource: r.resource,
@@ -151,18 +198,21 @@ impl Leases for GrpcLeases {
         };
         let engine = self.engine()?;
         engine.health().map_err(status)?;
+        let slot = self.access.watching(&caller).map_err(auth)?;
         let sub = engine
             .watch(&filter, r.after_revision, &r.coordinator_id)
             .map_err(|e| match e {
                 WatchError::Unavailable(msg) => Status::unavailable(msg),
                 e => Status::failed_precondition(e.to_string()),
             })?;
-        Ok(Response::new(watch_stream(sub, filter, engine.stopping())))
+        Ok(Response::new(watch_stream(sub, filter, engine.stopping(), slot)))
     }
 
     async fn get(&self, request: Request<pb::GetRequest>) -> Result<Response<pb::ResourceStatus>, Status> {
+        let caller = self.caller(&request)?;
         let r = request.into_inner();
         let resource = wire::resource(&r.resource).map_err(invalid)?;
+        caller.check(Verb::Read, &resource).map_err(auth)?;
         let s = self.engine()?.status(&resource).await.map_err(status)?;
         Ok(Response::new(pb::ResourceStatus {
             resource: r.resource,
@@ -173,6 +223,23 @@ impl Leases for GrpcLeases {
                 expires_in_ms: wire::millis(h.expires_in),
             }),
             waiters: u32::try_from(s.waiters).unwrap_or(u32::MAX),
+        }))
+    }
+
+    async fn force_release(
+        &self,
+        request: Request<pb::ForceReleaseRequest>,
+    ) -> Result<Response<pb::ForceReleased>, Status> {
+        let caller = self.caller(&request)?;
+        let r = request.into_inner();
+        let resource = wire::resource(&r.resource).map_err(invalid)?;
+        caller.check(Verb::Admin, &resource).map_err(auth)?;
+        let ended = self.engine()?.force_release(&resource).await.map_err(status)?;
+        caller.audit_force_release(&resource, ended);
+        Ok(Response::new(pb::ForceReleased {
+            resource: r.resource,
+            token: ended.map_or(0, |t| t.get()),
+            released: ended.is_some(),
         }))
     }
 }
@@ -201,10 +268,12 @@ fn watch_stream(
     sub: Subscription,
     filter: Filter,
     stopping: impl std::future::Future<Output = ()> + Send + 'static,
+    slot: WatchSlot,
 ) -> WatchStream {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     tokio::spawn(async move {
         let _watching = crate::metrics::Watching::new();
+        let _slot = slot;
         let Subscription {
             coordinator_id: id,
             backlog,
@@ -248,11 +317,20 @@ fn watch_stream(
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
-/// One renewal on the keep-alive stream.
-async fn renew_one(node: &Node, engine: &Arc<Engine>, r: &pb::RenewRequest) -> Result<pb::Lease, Status> {
+/// One renewal, alone or on the keep-alive stream.
+async fn renew_one(
+    node: &Node,
+    engine: &Arc<Engine>,
+    caller: &Caller,
+    r: &pb::RenewRequest,
+) -> Result<pb::Lease, Status> {
     let resource = wire::resource(&r.resource).map_err(invalid)?;
     let id = wire::lease_id(&r.lease_id).map_err(invalid)?;
-    let grant = engine.renew(&resource, &id).await.map_err(status)?;
+    caller.check(Verb::Acquire, &resource).map_err(auth)?;
+    let grant = engine
+        .renew_as(&resource, &id, caller.principal())
+        .await
+        .map_err(status)?;
     Ok(lease(node, engine, &grant))
 }
 

@@ -10,8 +10,15 @@
 //! | `GET /v1/status?resource=R` | — | status |
 //! | `GET /v1/resources`, `GET /v1/watch` | — | see [`crate::browse`] |
 //! | `GET /`, `/ui`, `/openapi.json` | — | the status page and the API document ([`crate::ui`]) |
+//! | `POST /v1/force-release` | `{"resource"}` | `{"resource","token","released"}` (`token` null when nothing was held) |
 //! | `GET /healthz` | — | `ok` (503 after a storage failure) |
 //! | `GET /metrics` | — | Prometheus text (when enabled) |
+//!
+//! With access control on, every route but `/healthz` needs a credential
+//! (`authorization: Bearer <token>` or a client certificate): 401
+//! `unauthenticated` without a known one, 403 `permission_denied` without the
+//! verb on the resource or for another principal's lease, 429
+//! `limit_exceeded` at a limit (see [`crate::auth`]).
 //!
 //! Refusals: busy 409, lease_lost 410, too_many_waiters 429, tokens_exhausted
 //! 409, invalid 400, storage failure 500, shutting down 503. A busy body names
@@ -36,14 +43,20 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::auth::{Access, Caller};
 use crate::{ApiError, Engine, Node, wire};
+use leasefence_core::access::Verb;
+
+#[path = "http_auth.rs"]
+mod auth;
 
 /// The largest request body accepted, in bytes. A request is a few hundred
 /// bytes of JSON; anything near this is a mistake or an attack.
 pub const BODY_BYTES_MAX: usize = 64 * 1024;
 
-pub fn router(node: Arc<Node>, metrics: Option<PrometheusHandle>) -> Router {
-    let metrics_route = get(move || {
+pub fn router(node: Arc<Node>, metrics: Option<PrometheusHandle>, access: Arc<Access>) -> Router {
+    // Metrics name no resource: any known principal may read them.
+    let metrics_route = get(move |_: Caller| {
         let rendered = metrics.as_ref().map(|h| h.render());
         async move {
             match rendered {
@@ -64,10 +77,12 @@ pub fn router(node: Arc<Node>, metrics: Option<PrometheusHandle>) -> Router {
         .route("/v1/status", get(status))
         .merge(crate::browse::routes())
         .merge(crate::ui::routes())
+        .route("/v1/force-release", post(force_release))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(unknown_path)
         .layer(axum::middleware::map_response(payload_too_large))
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
+        .layer(axum::Extension(access))
         .with_state(node)
 }
 
@@ -93,8 +108,8 @@ async fn unknown_path(method: Method, uri: Uri, headers: HeaderMap) -> Response 
     }
     let message = format!(
         "no such path: {method} {}; the API is POST /v1/acquire, /v1/renew, /v1/release, \
-         GET /v1/status?resource=R, /v1/resources, /v1/watch, /healthz, /metrics and \
-         /openapi.json (the status page is at /)",
+         GET /v1/status?resource=R, POST /v1/force-release, GET /v1/resources, /v1/watch, \
+         /healthz, /metrics and /openapi.json (the status page is at /)",
         uri.path()
     );
     Failure(
@@ -140,6 +155,9 @@ pub(crate) struct Failure(pub(crate) StatusCode, pub(crate) Value);
 
 impl IntoResponse for Failure {
     fn into_response(self) -> Response {
+        if self.0 == StatusCode::UNAUTHORIZED {
+            return (self.0, [(header::WWW_AUTHENTICATE, "Bearer")], axum::Json(self.1)).into_response();
+        }
         (self.0, axum::Json(self.1)).into_response()
     }
 }
@@ -197,6 +215,7 @@ impl From<ApiError> for Failure {
                 StatusCode::SERVICE_UNAVAILABLE,
                 json!({ "error": "unavailable", "message": message }),
             ),
+            ApiError::Auth(e) => auth::failure(&e, message),
         }
     }
 }
@@ -216,24 +235,28 @@ fn lease_json(node: &Node, engine: &Engine, g: &Grant) -> Value {
     lease
 }
 
-async fn acquire(State(node): State<Arc<Node>>, body: Bytes) -> Result<axum::Json<Value>, Failure> {
+async fn acquire(State(node): State<Arc<Node>>, caller: Caller, body: Bytes) -> Result<axum::Json<Value>, Failure> {
     let engine = node.engine()?;
-    let req = wire::acquire_json(&body)?;
-    let grant = engine.acquire(req).await?;
+    let mut req = wire::acquire_json(&body)?;
+    caller.check(Verb::Acquire, &req.resource)?;
+    req.holder = caller.holder(req.holder)?;
+    let grant = engine.acquire_limited(req, caller.limit()).await?;
     Ok(axum::Json(lease_json(&node, &engine, &grant)))
 }
 
-async fn renew(State(node): State<Arc<Node>>, body: Bytes) -> Result<axum::Json<Value>, Failure> {
+async fn renew(State(node): State<Arc<Node>>, caller: Caller, body: Bytes) -> Result<axum::Json<Value>, Failure> {
     let engine = node.engine()?;
     let (resource, lease_id) = wire::lease_json(&body)?;
-    let grant = engine.renew(&resource, &lease_id).await?;
+    caller.check(Verb::Acquire, &resource)?;
+    let grant = engine.renew_as(&resource, &lease_id, caller.principal()).await?;
     Ok(axum::Json(lease_json(&node, &engine, &grant)))
 }
 
-async fn release(State(node): State<Arc<Node>>, body: Bytes) -> Result<axum::Json<Value>, Failure> {
+async fn release(State(node): State<Arc<Node>>, caller: Caller, body: Bytes) -> Result<axum::Json<Value>, Failure> {
     let engine = node.engine()?;
     let (resource, lease_id) = wire::lease_json(&body)?;
-    let token = engine.release(&resource, &lease_id).await?;
+    caller.check(Verb::Acquire, &resource)?;
+    let token = engine.release_as(&resource, &lease_id, caller.principal()).await?;
     Ok(axum::Json(
         json!({ "resource": resource.as_str(), "token": token.get(), "released": true }),
     ))
@@ -241,9 +264,30 @@ async fn release(State(node): State<Arc<Node>>, body: Bytes) -> Result<axum::Jso
 
 async fn status(
     State(node): State<Arc<Node>>,
+    caller: Caller,
     query: Result<Query<StatusQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<axum::Json<Value>, Failure> {
     let resource = query.ok().and_then(|Query(q)| q.resource).unwrap_or_default();
-    let s = node.engine()?.status(&wire::resource(&resource)?).await?;
+    let resource = wire::resource(&resource)?;
+    caller.check(Verb::Read, &resource)?;
+    let s = node.engine()?.status(&resource).await?;
     Ok(axum::Json(crate::browse::status_json(&s)))
+}
+
+/// An administrator ends whatever lease the resource has; audited.
+async fn force_release(
+    State(node): State<Arc<Node>>,
+    caller: Caller,
+    body: Bytes,
+) -> Result<axum::Json<Value>, Failure> {
+    let engine = node.engine()?;
+    let resource = wire::resource_json(&body)?;
+    caller.check(Verb::Admin, &resource)?;
+    let ended = engine.force_release(&resource).await?;
+    caller.audit_force_release(&resource, ended);
+    Ok(axum::Json(json!({
+        "resource": resource.as_str(),
+        "token": ended.map(|t| t.get()),
+        "released": ended.is_some(),
+    })))
 }

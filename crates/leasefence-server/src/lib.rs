@@ -7,11 +7,13 @@
 //! - [`grpc`] and [`http`]: thin edges that validate wire input into core types;
 //!   [`browse`] (listing, NDJSON watch) and [`ui`] (the status page, the OpenAPI
 //!   document) are the read-only HTTP views.
+//! - [`auth`] and [`quota`]: access control (who may do what) and limits.
 //! - [`node`] and [`leadership`]: on a store several coordinators share, who
 //!   is active; the election, epoch-fenced leadership and stepping down.
 //! - [`Server`]: binds the port, recovers the store (or joins the election),
 //!   serves until shutdown.
 
+pub mod auth;
 mod browse;
 pub mod config;
 pub mod engine;
@@ -22,6 +24,7 @@ pub mod leadership;
 pub mod metrics;
 pub mod node;
 pub mod peer;
+pub mod quota;
 mod ui;
 pub mod watch;
 pub mod wire;
@@ -63,6 +66,7 @@ pub struct Server {
     node: Arc<Node>,
     mode: Mode,
     metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    access: Arc<auth::Access>,
 }
 
 enum Mode {
@@ -102,6 +106,7 @@ impl Server {
             listener,
             node,
             mode: Mode::Single(engine),
+            access: Arc::new(auth::Access::new(config.policy, config.limits)),
             metrics: config.metrics,
         })
     }
@@ -129,6 +134,7 @@ impl Server {
             listener,
             node,
             mode: Mode::Shared { election, stop },
+            access: Arc::new(auth::Access::new(config.policy, config.limits)),
             metrics: config.metrics,
         })
     }
@@ -149,11 +155,11 @@ impl Server {
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
         // Without tonic's fallback (a gRPC UNIMPLEMENTED for any path), so
         // that the HTTP router's fallback answers unknown paths, in JSON or gRPC.
-        let grpc = tonic::service::Routes::new(grpc::service(self.node.clone()))
+        let grpc = tonic::service::Routes::new(grpc::service(self.node.clone(), self.access.clone()))
             .prepare()
             .into_axum_router()
             .reset_fallback();
-        let app = http::router(self.node.clone(), self.metrics).merge(grpc);
+        let app = http::router(self.node.clone(), self.metrics, self.access).merge(grpc);
         if let Ok(addr) = self.listener.local_addr() {
             tracing::info!(%addr, "serving gRPC and HTTP");
         }

@@ -48,6 +48,18 @@ pub(crate) fn refusal(e: &LeaseError) {
     counter!("leasefence_refusals_total", "reason" => leasefence_proto::error_kind(e)).increment(1);
 }
 
+/// A refusal by access control (`leasefence_auth_refusals_total{reason}`) or
+/// a limit (`leasefence_limit_refusals_total{limit}`).
+pub(crate) fn auth_refusal(e: &crate::auth::AuthError) {
+    match (e.reason(), e) {
+        (Some(reason), _) => counter!("leasefence_auth_refusals_total", "reason" => reason).increment(1),
+        (None, crate::auth::AuthError::Limit { key, .. }) => {
+            counter!("leasefence_limit_refusals_total", "limit" => *key).increment(1);
+        }
+        (None, _) => {}
+    }
+}
+
 /// How long an acquire (waiting in the queue included), renew or release took
 /// to answer, by outcome.
 pub(crate) fn latency(op: &'static str, ok: bool, took: Duration) {

@@ -73,9 +73,16 @@ struct LeaseBody {
     lease_id: String,
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResourceBody {
+    resource: String,
+}
+
 const ACQUIRE_SHAPE: &str =
     r#"{"resource": string, "ttl_ms": integer, "holder"?: string, "wait_ms"?: integer, "lock_delay_ms"?: integer}"#;
 const LEASE_SHAPE: &str = r#"{"resource": string, "lease_id": string}"#;
+const RESOURCE_SHAPE: &str = r#"{"resource": string}"#;
 
 fn json<'a, T: Deserialize<'a>>(body: &'a [u8], shape: &str) -> Result<T, Invalid> {
     serde_json::from_slice(body).map_err(|e| Invalid::new("body", format!("{e}; expected JSON {shape}")))
@@ -97,6 +104,12 @@ pub fn acquire_json(body: &[u8]) -> Result<Acquire, Invalid> {
 pub fn lease_json(body: &[u8]) -> Result<(ResourceId, LeaseId), Invalid> {
     let b: LeaseBody = json(body, LEASE_SHAPE)?;
     Ok((resource(&b.resource)?, lease_id(&b.lease_id)?))
+}
+
+/// Decodes and validates an HTTP force-release body.
+pub fn resource_json(body: &[u8]) -> Result<ResourceId, Invalid> {
+    let b: ResourceBody = json(body, RESOURCE_SHAPE)?;
+    resource(&b.resource)
 }
 
 /// Validates a decoded gRPC acquire.

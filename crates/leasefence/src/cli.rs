@@ -8,8 +8,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use leasefence_client::{Client, ClientOptions};
 
 use crate::{
-    CmdResult, Failure, arbiter_cmd, bench, client_cmds, demo, elect_cmd, fence_key_cmd, gateway_cmd, observe_cmd,
-    run_cmd, serve, watch_cmd,
+    CmdResult, Failure, arbiter_cmd, auth_cmd, bench, client_cmds, demo, elect_cmd, fence_key_cmd, gateway_cmd,
+    observe_cmd, run_cmd, serve, watch_cmd,
 };
 
 /// leasefence: leases with fencing tokens, and the arbiters that enforce them.
@@ -58,6 +58,11 @@ pub enum Command {
     Release(LeaseArgs),
     /// Show who holds a resource and its last token.
     Status(StatusArgs),
+    /// End a resource's lease whoever holds it (needs `admin`; audited).
+    ForceRelease(auth_cmd::ForceReleaseArgs),
+    /// Access control helpers: `auth hash-token`.
+    #[command(subcommand)]
+    Auth(auth_cmd::AuthCommand),
     /// Run a command while holding a lease; stop it if the lease is lost.
     Run(run_cmd::RunArgs),
     /// Campaign for leadership of a name, then run a command as its leader.
@@ -147,6 +152,23 @@ pub struct ServeArgs {
     /// unsigned and forged fences. To rotate, give arbiters both keys first.
     #[arg(long, env = "LEASEFENCE_FENCE_KEY", value_name = "FILE")]
     pub fence_key: Option<PathBuf>,
+    /// Access control: a TOML file of principals (bearer-token hashes or
+    /// client-certificate names) and their rules; see docs/security.md.
+    /// Deny by default; a non-loopback --listen needs no --insecure then.
+    #[arg(long, env = "LEASEFENCE_AUTH", value_name = "FILE")]
+    pub auth: Option<PathBuf>,
+    /// With --auth: most leases one principal may hold.
+    #[arg(long, default_value_t = leasefence_server::auth::Limits::default().leases_per_principal_max)]
+    pub leases_per_principal_max: usize,
+    /// With --auth: most acquires of one principal waiting at once.
+    #[arg(long, default_value_t = leasefence_server::auth::Limits::default().waiters_per_principal_max)]
+    pub waiters_per_principal_max: usize,
+    /// Most open watch streams, all clients together.
+    #[arg(long, default_value_t = leasefence_server::auth::Limits::default().watchers_max)]
+    pub watchers_max: usize,
+    /// With --auth: most open watch streams of one principal.
+    #[arg(long, default_value_t = leasefence_server::auth::Limits::default().watchers_per_principal_max)]
+    pub watchers_per_principal_max: usize,
     /// A TOML file with any of these flags (keys without the dashes, e.g.
     /// `listen = "127.0.0.1:7740"`, `ttl-max = "1h"`); flags and
     /// LEASEFENCE_* variables override it.
@@ -187,6 +209,10 @@ pub struct ServerArg {
     /// alive with HTTP/2 pings instead.
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     pub timeout: Duration,
+    /// Bearer token for a coordinator with access control (prefer the
+    /// variable: a flag shows in the process list).
+    #[arg(long, env = "LEASEFENCE_AUTH_TOKEN", hide_env_values = true, value_name = "TOKEN")]
+    pub token: Option<String>,
 }
 
 impl ServerArg {
@@ -195,7 +221,11 @@ impl ServerArg {
         if self.timeout.is_zero() {
             return Err(Failure::invalid("--timeout must be more than 0 (examples: 500ms, 10s)"));
         }
-        Ok(ClientOptions::default().with_call_timeout(self.timeout))
+        let options = ClientOptions::default().with_call_timeout(self.timeout);
+        Ok(match &self.token {
+            Some(t) => options.with_token(t.clone()),
+            None => options,
+        })
     }
 
     /// A client of the `--server` coordinators with `--timeout` and
@@ -262,6 +292,8 @@ pub async fn run(cli: Cli) -> CmdResult {
         Command::Renew(a) => client_cmds::renew(a).await,
         Command::Release(a) => client_cmds::release(a).await,
         Command::Status(a) => client_cmds::status(a).await,
+        Command::ForceRelease(a) => auth_cmd::force_release(a).await,
+        Command::Auth(c) => auth_cmd::run(c),
         Command::Run(a) => run_cmd::run(a).await,
         Command::Elect(a) => elect_cmd::run(a).await,
         Command::Observe(a) => observe_cmd::run(a).await,

@@ -15,6 +15,7 @@ pub fn failure(e: ClientError) -> Failure {
         ClientError::Lease(LeaseError::Invalid(_)) | ClientError::Invalid(_) => Failure::INVALID,
         ClientError::Lease(LeaseError::TokensExhausted { .. }) => Failure::INTERNAL,
         ClientError::Transport { .. } | ClientError::Server(_) => Failure::INTERNAL,
+        ClientError::Refused { .. } => Failure::REFUSED,
     };
     Failure::new(code, e)
 }

@@ -5,11 +5,14 @@
 //! Exit codes: 0 ok, 1 unreachable or internal error, 2 invalid input,
 //! 3 busy (held by another), 4 lease lost or unknown lease, 5 a check found
 //! stale effects accepted or `arbiter put` was rejected as stale, 6 `serve`
-//! stopped after a storage failure (restart it: it recovers from disk). `run`
+//! stopped after a storage failure (restart it: it recovers from disk), 7
+//! refused by access control or a limit (no or an unknown token, a verb
+//! missing on the resource, another principal's lease). `run`
 //! passes its command's code through (128+N if signal N killed it; 126/127
 //! when the command cannot be started).
 
 mod arbiter_cmd;
+mod auth_cmd;
 mod bench;
 mod child;
 mod cli;
@@ -43,6 +46,7 @@ impl Failure {
     pub const LOST: u8 = 4;
     pub const CHECK_FAILED: u8 = 5;
     pub const FATAL: u8 = 6;
+    pub const REFUSED: u8 = 7;
 
     pub fn new(code: u8, error: impl Into<anyhow::Error>) -> Failure {
         Failure {

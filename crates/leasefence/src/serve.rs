@@ -1,9 +1,9 @@
 //! `leasefence serve`: the coordinator, on its embedded store or, with
 //! `--store`, as one of several coordinators sharing PostgreSQL or etcd.
 //!
-//! Protected mode: without access control it binds loopback only; any other
-//! `--listen` is refused unless `--insecure` says so (cf. Redis's protected
-//! mode). etcd and ZooKeeper ship open; leasefence does not.
+//! Protected mode: without access control (`--auth FILE`) it binds loopback
+//! only; any other `--listen` is refused unless `--insecure` says so (cf.
+//! Redis's protected mode). etcd and ZooKeeper ship open; leasefence does not.
 
 use std::net::SocketAddr;
 
@@ -14,7 +14,8 @@ use crate::store_url::StoreUrl;
 use crate::{CmdResult, Failure};
 
 pub async fn run(a: ServeArgs) -> CmdResult {
-    protected_mode(a.listen, a.insecure)?;
+    let policy = a.auth.as_deref().map(crate::auth_cmd::load_policy).transpose()?;
+    protected_mode(a.listen, a.insecure, policy.is_some())?;
     let lease = leasefence_core::Config::new(a.ttl_min, a.ttl_max, a.waiters_max)
         .map_err(Failure::invalid)?
         .with_lock_delay_max(a.lock_delay_max);
@@ -27,6 +28,16 @@ pub async fn run(a: ServeArgs) -> CmdResult {
         tracing::info!(key_id = key.id(), "signing fences");
         config.fence_key = Some(key);
     }
+    if let Some(p) = &policy {
+        tracing::info!(principals = p.principals().len(), "access control on");
+    }
+    config.policy = policy;
+    config.limits = leasefence_server::auth::Limits {
+        leases_per_principal_max: a.leases_per_principal_max,
+        waiters_per_principal_max: a.waiters_per_principal_max,
+        watchers_max: a.watchers_max,
+        watchers_per_principal_max: a.watchers_per_principal_max,
+    };
     let (server, at) = match &a.store {
         None => {
             let at = format!("data dir {}", config.data_dir.display());
@@ -51,9 +62,10 @@ pub async fn run(a: ServeArgs) -> CmdResult {
     }
 }
 
-/// Refuses a non-loopback `--listen` unless `--insecure`; warns when it is.
-fn protected_mode(listen: SocketAddr, insecure: bool) -> Result<(), Failure> {
-    if listen.ip().is_loopback() {
+/// Refuses a non-loopback `--listen` without access control unless
+/// `--insecure`; warns when it is.
+fn protected_mode(listen: SocketAddr, insecure: bool, auth: bool) -> Result<(), Failure> {
+    if listen.ip().is_loopback() || auth {
         return Ok(());
     }
     if insecure {
@@ -66,8 +78,9 @@ fn protected_mode(listen: SocketAddr, insecure: bool) -> Result<(), Failure> {
     }
     Err(Failure::invalid(format!(
         "--listen {listen} is not a loopback address, and this coordinator has no access control: \
-         anyone who reaches the port could take, release or watch any lease. Listen on 127.0.0.1 or \
-         [::1] (the default is {}), or pass --insecure to serve this address without access control",
+         anyone who reaches the port could take, release or watch any lease. Give --auth FILE (access \
+         control, see docs/security.md), listen on 127.0.0.1 or [::1] (the default is {}), or pass \
+         --insecure to serve this address without access control",
         leasefence_server::ServerConfig::DEFAULT_LISTEN
     )))
 }

@@ -36,6 +36,11 @@ struct ServeFile {
     advertise: Option<String>,
     insecure: Option<bool>,
     fence_key: Option<String>,
+    auth: Option<String>,
+    leases_per_principal_max: Option<usize>,
+    waiters_per_principal_max: Option<usize>,
+    watchers_max: Option<usize>,
+    watchers_per_principal_max: Option<usize>,
 }
 
 /// Fills in from `a.config` every argument that the command line and the
@@ -79,8 +84,32 @@ pub fn apply(a: &mut ServeArgs, m: &ArgMatches) -> Result<(), Failure> {
             *slot = duration(key, v)?;
         }
     }
-    if let (Some(v), true) = (file.waiters_max, unset("waiters_max")) {
-        a.waiters_max = v;
+    let counts: [(&str, Option<usize>, &mut usize); 5] = [
+        ("waiters_max", file.waiters_max, &mut a.waiters_max),
+        (
+            "leases_per_principal_max",
+            file.leases_per_principal_max,
+            &mut a.leases_per_principal_max,
+        ),
+        (
+            "waiters_per_principal_max",
+            file.waiters_per_principal_max,
+            &mut a.waiters_per_principal_max,
+        ),
+        ("watchers_max", file.watchers_max, &mut a.watchers_max),
+        (
+            "watchers_per_principal_max",
+            file.watchers_per_principal_max,
+            &mut a.watchers_per_principal_max,
+        ),
+    ];
+    for (id, value, slot) in counts {
+        if let (Some(v), true) = (value, unset(id)) {
+            *slot = v;
+        }
+    }
+    if let (Some(v), true) = (&file.auth, unset("auth")) {
+        a.auth = Some(v.into());
     }
     let texts: [(&str, &Option<String>, &mut Option<String>); 3] = [
         ("store", &file.store, &mut a.store),
@@ -149,6 +178,32 @@ mod tests {
         assert_eq!(a.leader_ttl, Duration::from_secs(3));
         assert!(a.insecure);
         assert_eq!(a.ttl_min, Duration::from_millis(100), "absent keys keep the default");
+    }
+
+    #[test]
+    fn access_control_and_limits_come_from_the_file_too() {
+        let a = serve(
+            "auth = \"/etc/leasefence/auth.toml\"\nleases-per-principal-max = 5\nwaiters-per-principal-max = 6\n\
+             watchers-max = 7\nwatchers-per-principal-max = 8\n",
+            &["--watchers-max", "70"],
+        )
+        .expect("valid");
+        assert_eq!(
+            a.auth.as_deref().and_then(|p| p.to_str()),
+            Some("/etc/leasefence/auth.toml")
+        );
+        assert_eq!(
+            (
+                a.leases_per_principal_max,
+                a.waiters_per_principal_max,
+                a.watchers_max,
+                a.watchers_per_principal_max
+            ),
+            (5, 6, 70, 8),
+            "the flag wins over the file"
+        );
+        let e = serve("watchers-max = \"many\"\n", &[]).expect_err("a string");
+        assert!(e.contains("watchers-max"), "{e}");
     }
 
     #[test]

@@ -162,6 +162,20 @@ async fn every_documented_operation_answers_as_documented() {
         410,
     ));
 
+    // Force-release: a held lease ends (its waiter, if any, would be woken),
+    // an unheld resource answers `released: false`, bad bodies get 400.
+    acquire(&http, &url, "oa/force").await;
+    for (body, code) in [
+        (json!({"resource": "oa/force"}), 200),
+        (json!({"resource": "oa/force"}), 200),
+        (json!({"resource": ""}), 400),
+        (json!({"resource": "oa/force", "x": 1}), 400),
+        (json!({}), 400),
+    ] {
+        cases.push(case("POST", "/v1/force-release", Some(body), code));
+    }
+    cases.push(raw("POST", "/v1/force-release", &huge, 413));
+
     let long = "r".repeat(513);
     for (q, code) in [
         ("resource=oa/busy", 200),

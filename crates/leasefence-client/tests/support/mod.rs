@@ -144,6 +144,10 @@ impl Leases for StubService {
     async fn watch(&self, _: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
         self.answer().await
     }
+
+    async fn force_release(&self, _: Request<pb::ForceReleaseRequest>) -> Result<Response<pb::ForceReleased>, Status> {
+        self.answer().await
+    }
 }
 
 pub async fn stub(role: Role) -> Stub {

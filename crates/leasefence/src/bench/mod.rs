@@ -45,6 +45,9 @@ pub struct BenchArgs {
     /// (default: start one in-process on a temporary store).
     #[arg(long, value_delimiter = ',', value_parser = crate::cli::parse_server, value_name = "URL,...")]
     pub server: Option<Vec<String>>,
+    /// Bearer token for a `--server` with access control (as for the other commands).
+    #[arg(long, env = "LEASEFENCE_AUTH_TOKEN", hide_env_values = true, value_name = "TOKEN")]
+    pub token: Option<String>,
     /// Peers to measure beside leasefence, comma-separated: etcd (needs the
     /// `etcd` feature), redis, noop (two of our cheapest calls per cycle).
     #[arg(long, value_enum, value_delimiter = ',', value_name = "PEER,...")]
@@ -123,6 +126,7 @@ pub async fn run(a: BenchArgs) -> CmdResult {
     };
     let ep = Endpoints {
         server,
+        token: a.token.clone(),
         redis: plan.redis.clone(),
         etcd: plan.etcd.clone(),
     };

@@ -33,6 +33,7 @@ const UNLOCK: &str =
 #[derive(Clone, Debug)]
 pub struct Endpoints {
     pub server: Vec<String>,
+    pub token: Option<String>,
     pub redis: String,
     /// host:port; read only by a build with the `etcd` feature.
     #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
@@ -71,7 +72,11 @@ impl Worker {
         let wait = if shared { WAIT } else { Duration::ZERO };
         Ok(match target {
             Target::Leasefence | Target::Noop => {
-                let client = Client::connect_any(&ep.server)
+                let options = match &ep.token {
+                    Some(t) => leasefence_client::ClientOptions::default().with_token(t.clone()),
+                    None => leasefence_client::ClientOptions::default(),
+                };
+                let client = Client::connect_any_with(&ep.server, options)
                     .await
                     .with_context(|| format!("cannot reach the coordinator at {}", ep.server.join(",")))?;
                 if target == Target::Noop {
