@@ -17,6 +17,9 @@ pub struct ServerConfig {
     pub batch_max: usize,
     /// Renders `GET /metrics`; `None` serves 404 there.
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    /// TLS on the port (and client certificates, with a client CA);
+    /// `None` serves plaintext.
+    pub tls: Option<crate::tls::Tls>,
 }
 
 impl ServerConfig {
@@ -33,6 +36,7 @@ impl ServerConfig {
             wait_max: Self::DEFAULT_WAIT_MAX,
             batch_max: Self::DEFAULT_BATCH_MAX,
             metrics: None,
+            tls: None,
         }
     }
 }

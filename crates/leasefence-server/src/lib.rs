@@ -7,10 +7,14 @@
 //! - [`grpc`] and [`http`]: thin edges that validate wire input into core types.
 //! - [`node`] and [`leadership`]: on a store several coordinators share, who
 //!   is active; the election, epoch-fenced leadership and stepping down.
+//! - [`tls`]: the port's optional TLS (and mTLS) configuration; the edge
+//!   listener refuses plaintext clients on a TLS port with a clear answer
+//!   and hands each request the verified client certificate ([`peer`]).
 //! - [`Server`]: binds the port, recovers the store (or joins the election),
 //!   serves until shutdown.
 
 pub mod config;
+mod edge;
 pub mod engine;
 mod error;
 mod grpc;
@@ -19,6 +23,9 @@ pub mod leadership;
 pub mod metrics;
 pub mod node;
 pub mod peer;
+pub mod tls;
+#[cfg(test)]
+mod tls_tests;
 pub mod watch;
 pub mod wire;
 
@@ -33,6 +40,8 @@ pub use leadership::HaConfig;
 use leasefence_store::{Committer, EmbeddedStore, LeaseStore, SharedStore, StoreError};
 pub use node::{Node, Role};
 use tokio::net::TcpListener;
+
+use crate::edge::{EdgeListener, EdgeService};
 
 /// Why the server could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +68,7 @@ pub struct Server {
     node: Arc<Node>,
     mode: Mode,
     metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    tls: Option<tls::Tls>,
 }
 
 enum Mode {
@@ -95,6 +105,7 @@ impl Server {
             }),
             mode: Mode::Single(engine),
             metrics: config.metrics,
+            tls: config.tls,
         })
     }
 
@@ -119,6 +130,7 @@ impl Server {
             node,
             mode: Mode::Shared { election, stop },
             metrics: config.metrics,
+            tls: config.tls,
         })
     }
 
@@ -142,12 +154,18 @@ impl Server {
             .prepare()
             .into_axum_router()
             .reset_fallback();
-        let app = http::router(self.node.clone(), self.metrics).merge(grpc);
+        let app = EdgeService::new(http::router(self.node.clone(), self.metrics).merge(grpc));
         if let Ok(addr) = self.listener.local_addr() {
-            tracing::info!(%addr, "serving gRPC and HTTP");
+            match &self.tls {
+                None => tracing::info!(%addr, "serving gRPC and HTTP"),
+                Some(t) => {
+                    tracing::info!(%addr, client_certificates = t.client_auth(), "serving gRPC and HTTP over TLS")
+                }
+            }
         }
+        let listener = EdgeListener::new(self.listener, self.tls).map_err(ServerError::Serve)?;
         match self.mode {
-            Mode::Single(engine) => run_single(self.listener, app, engine, shutdown).await,
+            Mode::Single(engine) => run_single(listener, app, engine, shutdown).await,
             Mode::Shared { election, stop } => {
                 let election = tokio::spawn(election);
                 let stop_on = stop.clone();
@@ -155,7 +173,7 @@ impl Server {
                     shutdown.await;
                     stop_on.send_replace(true);
                 };
-                let result = axum::serve(self.listener, app).with_graceful_shutdown(shutdown).await;
+                let result = axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
                 stop.send_replace(true);
                 // The election steps down and resigns, so a standby need not wait out the TTL.
                 let _ = tokio::time::timeout(FATAL_DRAIN * 5, election).await;
@@ -176,8 +194,8 @@ async fn listen(config: &ServerConfig) -> Result<TcpListener, ServerError> {
 
 /// Serves one coordinator on its own store; a failed commit is fatal.
 async fn run_single(
-    listener: TcpListener,
-    app: axum::Router,
+    listener: EdgeListener,
+    app: EdgeService,
     engine: Arc<Engine>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
