@@ -90,6 +90,7 @@ mod keepalive;
 mod options;
 mod retry;
 mod session;
+mod tls;
 mod watch;
 
 pub use clock::{Clock, ClockSource, Stamp, SystemClock, TokioClock};
@@ -101,6 +102,7 @@ pub use options::{
     KEEP_ALIVE_TIMEOUT_DEFAULT,
 };
 pub use session::{Lease, LeaseConfig, WithLeaseError};
+pub use tls::ClientTls;
 pub use watch::{LeaseWatch, Loss};
 
 use std::sync::Arc;
@@ -183,7 +185,7 @@ impl Client {
         let channel = match tokio::time::timeout(options.call_timeout(), endpoint.connect()).await {
             Ok(connected) => connected.map_err(|e| ClientError::Transport {
                 url: url.to_string(),
-                message: error_chain(&e),
+                message: tls::mismatch(url, &e).unwrap_or_else(|| error_chain(&e)),
             })?,
             Err(_) => {
                 return Err(ClientError::Transport {
