@@ -96,7 +96,8 @@ fn certificates(field: &'static str, pem: &[u8]) -> Result<(), Invalid> {
 }
 
 /// What to say instead of `e`, a failure talking to `url`, when it shows
-/// that client and coordinator disagree about TLS.
+/// that client and coordinator disagree about TLS, or that the
+/// coordinator's certificate is not trusted.
 pub(crate) fn mismatch(url: &str, e: &(dyn Error + 'static)) -> Option<String> {
     let https = url.starts_with("https://");
     let mut cur = Some(e);
@@ -106,6 +107,13 @@ pub(crate) fn mismatch(url: &str, e: &(dyn Error + 'static)) -> Option<String> {
                 "the coordinator speaks TLS on this port and refused this plaintext connection: use \
                  {} (and a CA that issued its certificate, if not the system's)",
                 url.replacen("http://", "https://", 1)
+            ));
+        }
+        if https && let Some(certificate) = refused_certificate(err) {
+            return Some(format!(
+                "the coordinator's certificate was not accepted ({certificate}): trust the CA that issued it \
+                 (the client's CA option; `--ca FILE` on the command line), and reach it by a name or \
+                 address its certificate lists"
             ));
         }
         if https && not_tls(err) {
@@ -128,8 +136,20 @@ fn not_tls(e: &(dyn Error + 'static)) -> bool {
     if io.kind() == std::io::ErrorKind::UnexpectedEof && io.to_string().contains("handshake") {
         return true;
     }
-    matches!(
-        io.get_ref().and_then(|inner| inner.downcast_ref::<rustls::Error>()),
-        Some(rustls::Error::InvalidMessage(_))
-    )
+    matches!(rustls_error(e), Some(rustls::Error::InvalidMessage(_)))
+}
+
+/// The rustls error of `e` when it is an I/O error wrapping one.
+fn rustls_error<'a>(e: &'a (dyn Error + 'static)) -> Option<&'a rustls::Error> {
+    e.downcast_ref::<std::io::Error>()?
+        .get_ref()?
+        .downcast_ref::<rustls::Error>()
+}
+
+/// The reason the coordinator's certificate was refused, if it was.
+fn refused_certificate(e: &(dyn Error + 'static)) -> Option<String> {
+    match rustls_error(e)? {
+        rustls::Error::InvalidCertificate(reason) => Some(format!("{reason:?}")),
+        _ => None,
+    }
 }

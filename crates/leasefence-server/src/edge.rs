@@ -43,6 +43,9 @@ const HANDSHAKES_MAX: usize = 512;
 /// Longest the refusal of a plaintext client waits for its first bytes, and
 /// then for it to close after the answer.
 const REFUSAL_WAIT: Duration = Duration::from_secs(1);
+/// Most bytes of HTTP/2 frames read from a plaintext client before its
+/// first request.
+const H2_READ_MAX: usize = 64 * 1024;
 /// The first byte of a TLS record carrying a handshake (the ClientHello).
 const TLS_HANDSHAKE: u8 = 0x16;
 /// What an HTTP/2 client sends first.
@@ -208,6 +211,10 @@ async fn refuse_plaintext(mut stream: TcpStream) {
     })
     .await;
     let answer = if head.as_slice() == H2_PREFACE {
+        // A GOAWAY before the client's first request would reach it as a
+        // bare "connection closed"; after it, the request fails with the
+        // GOAWAY's message.
+        let _ = tokio::time::timeout(REFUSAL_WAIT, first_headers(&mut stream)).await;
         h2_refusal()
     } else {
         http1_refusal()
@@ -220,6 +227,32 @@ async fn refuse_plaintext(mut stream: TcpStream) {
         while matches!(stream.read(&mut sink).await, Ok(1..)) {}
     })
     .await;
+}
+
+/// Reads HTTP/2 frames up to the first HEADERS (the first request), at
+/// most [`H2_READ_MAX`] bytes of them.
+async fn first_headers(stream: &mut TcpStream) {
+    const HEADERS: u8 = 0x1;
+    let mut read = 0usize;
+    let mut header = [0u8; 9];
+    let mut sink = vec![0u8; 4096];
+    while read < H2_READ_MAX {
+        if stream.read_exact(&mut header).await.is_err() {
+            return;
+        }
+        if header[3] == HEADERS {
+            return;
+        }
+        let mut left = usize::from(header[0]) << 16 | usize::from(header[1]) << 8 | usize::from(header[2]);
+        read += header.len() + left;
+        while left > 0 {
+            let n = left.min(sink.len());
+            if stream.read_exact(&mut sink[..n]).await.is_err() {
+                return;
+            }
+            left -= n;
+        }
+    }
 }
 
 fn http1_refusal() -> Vec<u8> {

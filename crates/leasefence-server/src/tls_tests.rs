@@ -213,7 +213,12 @@ async fn a_plaintext_http1_request_gets_400_saying_the_port_speaks_tls() {
 async fn an_http2_preface_gets_settings_then_goaway_with_the_message() {
     let s = setup(None);
     let addr = serve(Some(Tls::load(&s.tls).expect("tls"))).await;
-    let answer = plaintext(addr, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0").await;
+    // The preface, an empty SETTINGS, then HEADERS (stream 1, 3 bytes of block).
+    let mut client = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0".to_vec();
+    client.extend_from_slice(&[0, 0, 3, 0x1, 0x4, 0, 0, 0, 1, 0x82, 0x86, 0x84]);
+    let started = Instant::now();
+    let answer = plaintext(addr, &client).await;
+    assert!(started.elapsed() < Duration::from_millis(500), "answered on the request, not after a wait");
     assert_eq!(
         &answer[..9],
         &[0, 0, 0, 4, 0, 0, 0, 0, 0],
