@@ -20,6 +20,11 @@
 //!   cancels it on loss. The deadline is kept on [`SystemClock`]:
 //!   `CLOCK_BOOTTIME` on Linux, so time the machine spent suspended counts
 //!   as elapsed, as it does for the coordinator ([`clock`]).
+//! - TLS: an `https://` coordinator is spoken to over TLS, trusting the
+//!   system's roots or the CA given in [`ClientTls`] (with a client
+//!   certificate for mutual TLS), set with [`ClientOptions::with_tls`]. A
+//!   plaintext client on a TLS port, or a TLS client on a plaintext one,
+//!   fails at once with a [`ClientError::Transport`] saying which.
 //! - Leader election ([`election`]): [`Client::campaign`] blocks until this
 //!   client leads a name and returns a [`Leader`] whose term is its fencing
 //!   token; [`Client::observe`] streams [`LeaderChange`]s.

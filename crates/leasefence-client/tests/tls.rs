@@ -267,6 +267,54 @@ async fn mutual_tls_serves_only_clients_with_a_certificate_of_the_client_ca() {
     assert_eq!(lease.resource, resource);
 }
 
+/// Two coordinators over one shared store, both on TLS: a client given only
+/// the standby follows its leader hint (an `https://` URL) with the same
+/// TLS settings.
+#[tokio::test]
+async fn a_leader_hint_to_an_https_coordinator_is_followed_over_tls() {
+    let (ca, files) = (Ca::new("test CA"), Files::new());
+    let shared = leasefence_store::MemoryShared::new();
+    let mut urls = Vec::new();
+    let mut nodes = Vec::new();
+    let mut stops = Vec::new();
+    for _ in 0..2 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
+        let addr = port.local_addr().expect("addr");
+        drop(port);
+        let mut config = ServerConfig::new(addr, files.path().to_path_buf());
+        config.tls = Some(server_tls(&files, &ca, None));
+        let ha = leasefence_server::HaConfig {
+            leader_ttl: Duration::from_millis(600),
+            advertise: format!("https://{addr}"),
+        };
+        let server = Server::bind_shared(config, shared.clone(), ha).await.expect("bind");
+        nodes.push(server.node().clone());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(server.run(async move {
+            let _ = stopped.await;
+        }));
+        urls.push(format!("https://{addr}"));
+        stops.push(stop);
+    }
+    let active = |n: &Arc<leasefence_server::Node>| matches!(n.role(), leasefence_server::Role::Active { .. });
+    let started = Instant::now();
+    while !nodes.iter().any(active) {
+        assert!(started.elapsed() < Duration::from_secs(10), "a leader within 10 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let leader = nodes.iter().position(active).expect("a leader");
+    let standby = 1 - leader;
+    let client = Client::connect_any_with(&[&urls[standby]], options(&ca, None))
+        .await
+        .expect("client");
+    client
+        .status(&ResourceId::new("ha").expect("resource"))
+        .await
+        .expect("answered by the active coordinator");
+    assert_eq!(client.active(), urls[leader], "followed the hint");
+    drop(stops);
+}
+
 #[test]
 fn pem_that_is_not_what_it_should_be_is_refused_by_field() {
     let leaf = Ca::new("test CA").client();

@@ -218,7 +218,10 @@ async fn an_http2_preface_gets_settings_then_goaway_with_the_message() {
     client.extend_from_slice(&[0, 0, 3, 0x1, 0x4, 0, 0, 0, 1, 0x82, 0x86, 0x84]);
     let started = Instant::now();
     let answer = plaintext(addr, &client).await;
-    assert!(started.elapsed() < Duration::from_millis(500), "answered on the request, not after a wait");
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "answered on the request, not after a wait"
+    );
     assert_eq!(
         &answer[..9],
         &[0, 0, 0, 4, 0, 0, 0, 0, 0],
