@@ -1,7 +1,7 @@
 //! Command-line arguments (clap) and dispatch to the commands.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -247,6 +247,19 @@ impl ServerArg {
         Client::connect_any_with(&self.server, self.options()?)
             .await
             .map_err(client_cmds::failure)
+    }
+
+    /// `--ca`, `--cert` and `--key` as the variables that give them, for a
+    /// child's own calls (paths, never the files' contents).
+    pub fn tls_env(&self) -> Vec<(&'static str, &Path)> {
+        [
+            ("LEASEFENCE_CA", &self.ca),
+            ("LEASEFENCE_CERT", &self.cert),
+            ("LEASEFENCE_KEY", &self.key),
+        ]
+        .into_iter()
+        .filter_map(|(name, path)| path.as_deref().map(|p| (name, p)))
+        .collect()
     }
 
     /// The list as `--server` and `$LEASEFENCE_SERVER` take it.

@@ -91,6 +91,26 @@ fn status_over_tls_works_and_a_plaintext_client_is_told_to_use_https() {
         started.elapsed()
     );
 
+    // `run` hands its child the coordinators and the CA: the child's own
+    // calls reach the TLS port too.
+    let script = format!("{BIN} status jobs/b");
+    let (code, out, err) = cli(&[
+        "run",
+        "jobs/b",
+        "--ttl",
+        "10s",
+        "--ca",
+        s(&ca_file),
+        "--server",
+        &https,
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("jobs/b: held by") && out.contains("token=1"), "{out}");
+
     // Without --ca the system's roots do not know the test CA.
     let (code, _, err) = cli(&["status", "jobs/a", "--server", &https]);
     assert_eq!(code, 1, "{err}");
