@@ -257,3 +257,52 @@ fn the_config_file_takes_the_tls_keys() {
     ]);
     assert_eq!(code, 0, "{err}");
 }
+
+#[test]
+fn sigterm_stops_a_tls_coordinator_with_connections_open() {
+    let (ca, files) = (Ca::new("test CA"), Files::new());
+    let leaf = ca.server();
+    let (cert, key) = (
+        files.write("server.pem", &leaf.cert),
+        files.write("server.key", &leaf.key),
+    );
+    let mut served = serve(
+        &files.path().join("data"),
+        &["--tls-cert", s(&cert), "--tls-key", s(&key)],
+    );
+    let ca_file = files.write("ca.pem", &ca.pem);
+    let (code, _, err) = cli(&[
+        "status",
+        "r",
+        "--ca",
+        s(&ca_file),
+        "--server",
+        &format!("https://{}", served.addr),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    // One connection that never starts its handshake, one plaintext one.
+    let _silent = std::net::TcpStream::connect(&served.addr).expect("connect");
+    let mut plain = std::net::TcpStream::connect(&served.addr).expect("connect");
+    std::io::Write::write_all(&mut plain, b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n").expect("write");
+    std::thread::sleep(Duration::from_millis(100));
+    let started = Instant::now();
+    let pid = served.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill")
+            .success()
+    );
+    let status = loop {
+        if let Some(status) = served.child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "still running 5 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "exits 0: {status:?}");
+}
