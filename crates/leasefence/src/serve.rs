@@ -4,6 +4,10 @@
 //! Protected mode: without access control it binds loopback only; any other
 //! `--listen` is refused unless `--insecure` says so (cf. Redis's protected
 //! mode). etcd and ZooKeeper ship open; leasefence does not.
+//!
+//! TLS (`--tls-cert`, `--tls-key`, optionally `--tls-client-ca` for client
+//! certificates) encrypts the port; it is not access control, so protected
+//! mode applies with it as without it.
 
 use std::net::SocketAddr;
 
@@ -37,7 +41,8 @@ pub async fn run(a: ServeArgs) -> CmdResult {
         }
     };
     // One line on stdout, so scripts (and tests) learn the bound port when --listen used port 0.
-    println!("leasefence listening on {} ({at})", server.local_addr()?);
+    let tls = if a.tls_cert.is_some() { ", TLS" } else { "" };
+    println!("leasefence listening on {} ({at}{tls})", server.local_addr()?);
     match server.run(shutdown_signal()).await {
         Ok(()) => {
             tracing::info!("stopped");

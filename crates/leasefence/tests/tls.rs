@@ -30,7 +30,7 @@ impl Drop for Served {
 
 fn serve(data: &Path, args: &[&str]) -> Served {
     let (child, addr, line) = spawn_listening("serve", data, args, "leasefence listening on ");
-    assert!(line.contains(&addr), "{line}");
+    assert!(line.contains(&addr) && line.contains("TLS)"), "{line}");
     Served { child, addr }
 }
 
