@@ -57,12 +57,17 @@ impl ClientTls {
     /// coordinators that require client certificates (mutual TLS). Refused
     /// (field `cert` or `key`) unless each holds what it should.
     pub fn with_identity_pem(mut self, cert: impl AsRef<[u8]>, key: impl AsRef<[u8]>) -> Result<ClientTls, Invalid> {
-        certificates("cert", cert.as_ref())?;
-        PrivateKeyDer::from_pem_slice(key.as_ref()).map_err(|e| {
+        let chain = certificates("cert", cert.as_ref())?;
+        let der = PrivateKeyDer::from_pem_slice(key.as_ref()).map_err(|e| {
             Invalid::new(
                 "key",
                 format!("holds no usable PEM private key ({e}); allowed: PKCS#8, PKCS#1 or SEC1 in PEM"),
             )
+        })?;
+        let provider = rustls::crypto::ring::default_provider();
+        rustls::sign::CertifiedKey::from_der(chain, der, &provider).map_err(|e| match e {
+            rustls::Error::InconsistentKeys(_) => Invalid::new("key", "does not belong to the certificate"),
+            e => Invalid::new("key", format!("cannot be used: {e}")),
         })?;
         self.identity = Some((cert.as_ref().to_vec(), key.as_ref().to_vec()));
         Ok(self)
@@ -82,7 +87,7 @@ impl ClientTls {
     }
 }
 
-fn certificates(field: &'static str, pem: &[u8]) -> Result<(), Invalid> {
+fn certificates(field: &'static str, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, Invalid> {
     let found = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| Invalid::new(field, format!("is not PEM ({e}); allowed: PEM certificates")))?;
@@ -92,7 +97,7 @@ fn certificates(field: &'static str, pem: &[u8]) -> Result<(), Invalid> {
             "holds no PEM certificate; allowed: one or more -----BEGIN CERTIFICATE----- blocks",
         ));
     }
-    Ok(())
+    Ok(found)
 }
 
 /// What to say instead of `e`, a failure talking to `url`, when it shows

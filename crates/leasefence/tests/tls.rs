@@ -159,6 +159,23 @@ fn mutual_tls_takes_the_client_certificate_from_cert_and_key() {
         &https,
     ]);
     assert_eq!(code, 0, "{out}{err}");
+    let server_key = s(&args[1]);
+    let mismatched = [
+        "status",
+        "r",
+        "--cert",
+        s(&cert),
+        "--key",
+        server_key,
+        "--server",
+        &https,
+    ];
+    let (code, _, err) = cli(&mismatched);
+    assert_eq!(code, 2, "a key of another certificate: {err}");
+    assert!(
+        err.contains("--key") && err.contains(server_key) && err.contains("does not belong"),
+        "{err}"
+    );
 }
 
 /// Runs `serve ARGS`, which must refuse to start: (exit code, stderr).
