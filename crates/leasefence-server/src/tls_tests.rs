@@ -283,3 +283,20 @@ async fn mtls_refuses_clients_without_a_certificate_of_the_client_ca_and_hands_o
     let expected = [&CLIENT_NAMES[..], &["10.0.0.7"]].concat().join(",");
     assert_eq!(names, expected, "every SAN, IP addresses as text");
 }
+
+#[tokio::test]
+async fn silent_connections_do_not_hold_up_the_handshakes_of_others() {
+    let s = setup(None);
+    let addr = serve(Some(Tls::load(&s.tls).expect("tls"))).await;
+    let mut silent = Vec::new();
+    for _ in 0..20 {
+        silent.push(TcpStream::connect(addr).await.expect("connect"));
+    }
+    let started = Instant::now();
+    let answer = tls_get(addr, client_config(&s.ca.pem, None), "/peer")
+        .await
+        .expect("served");
+    assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
+    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    drop(silent);
+}
