@@ -184,6 +184,9 @@ fn failed_error(resource: &ResourceId, f: Failed, safety: Safety) -> ClientError
             attempts,
         } => (url, status, failure, attempts),
     };
+    if let Some(message) = crate::tls::mismatch(&url, &status) {
+        return ClientError::Transport { url, message };
+    }
     status_error(resource, &status).unwrap_or_else(|| {
         let detail = status_chain(&status);
         let message = match failure {

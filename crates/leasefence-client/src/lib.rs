@@ -20,6 +20,11 @@
 //!   cancels it on loss. The deadline is kept on [`SystemClock`]:
 //!   `CLOCK_BOOTTIME` on Linux, so time the machine spent suspended counts
 //!   as elapsed, as it does for the coordinator ([`clock`]).
+//! - TLS: an `https://` coordinator is spoken to over TLS, trusting the
+//!   system's roots or the CA given in [`ClientTls`] (with a client
+//!   certificate for mutual TLS), set with [`ClientOptions::with_tls`]. A
+//!   plaintext client on a TLS port, or a TLS client on a plaintext one,
+//!   fails at once with a [`ClientError::Transport`] saying which.
 //! - Leader election ([`election`]): [`Client::campaign`] blocks until this
 //!   client leads a name and returns a [`Leader`] whose term is its fencing
 //!   token; [`Client::observe`] streams [`LeaderChange`]s.
@@ -90,6 +95,7 @@ mod keepalive;
 mod options;
 mod retry;
 mod session;
+mod tls;
 mod watch;
 
 pub use clock::{Clock, ClockSource, Stamp, SystemClock, TokioClock};
@@ -104,6 +110,7 @@ pub use session::{Lease, LeaseConfig, WithLeaseError};
 
 /// The generated gRPC client, sending the options' bearer token (if any) on every call.
 pub type GrpcClient = LeasesClient<tonic::service::interceptor::InterceptedService<Channel, options::Credentials>>;
+pub use tls::ClientTls;
 pub use watch::{LeaseWatch, Loss};
 
 use std::sync::Arc;
@@ -198,7 +205,7 @@ impl Client {
         let channel = match tokio::time::timeout(options.call_timeout(), endpoint.connect()).await {
             Ok(connected) => connected.map_err(|e| ClientError::Transport {
                 url: url.to_string(),
-                message: error_chain(&e),
+                message: tls::mismatch(url, &e).unwrap_or_else(|| error_chain(&e)),
             })?,
             Err(_) => {
                 return Err(ClientError::Transport {

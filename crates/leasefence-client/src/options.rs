@@ -21,6 +21,7 @@ use leasefence_core::Invalid;
 use tonic::transport::Endpoint;
 
 use crate::clock::{Clock, default_clock};
+use crate::tls::ClientTls;
 
 /// Default per-call deadline.
 pub const CALL_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
@@ -48,6 +49,7 @@ pub struct ClientOptions {
     keep_alive_timeout: Duration,
     clock: Arc<dyn Clock>,
     token: Credentials,
+    tls: Option<ClientTls>,
 }
 
 impl Default for ClientOptions {
@@ -61,6 +63,7 @@ impl Default for ClientOptions {
             keep_alive_timeout: KEEP_ALIVE_TIMEOUT_DEFAULT,
             clock: default_clock(),
             token: Credentials::default(),
+            tls: None,
         }
     }
 }
@@ -109,6 +112,17 @@ impl ClientOptions {
         &self.token
     }
 
+    /// The CA to trust and the client certificate to present on `https://`
+    /// coordinators (default: the system's roots, no client certificate).
+    pub fn with_tls(mut self, tls: ClientTls) -> ClientOptions {
+        self.tls = Some(tls);
+        self
+    }
+
+    pub fn tls(&self) -> Option<&ClientTls> {
+        self.tls.as_ref()
+    }
+
     pub fn call_timeout(&self) -> Duration {
         self.call_timeout
     }
@@ -153,10 +167,16 @@ impl ClientOptions {
         Ok(())
     }
 
-    /// The tonic endpoint for `url` with these settings.
+    /// The tonic endpoint for `url` with these settings: TLS for `https://`.
     pub(crate) fn endpoint(&self, url: &str) -> Result<Endpoint, Invalid> {
-        let endpoint = Endpoint::from_shared(url.to_string())
+        let mut endpoint = Endpoint::from_shared(url.to_string())
             .map_err(|e| Invalid::new("server", format!("must be a URL like http://127.0.0.1:7740: {e}")))?;
+        if url.starts_with("https://") {
+            let config = self.tls.clone().unwrap_or_default().config();
+            endpoint = endpoint
+                .tls_config(config)
+                .map_err(|e| Invalid::new("server", format!("{url}: cannot set up TLS: {e}")))?;
+        }
         Ok(endpoint
             .connect_timeout(self.connect_timeout)
             .http2_keep_alive_interval(self.keep_alive_interval)

@@ -23,6 +23,15 @@ pub const META_BUSY_REASON: &str = "leasefence-busy-reason";
 /// For busy: how long until an acquire may succeed ([`LeaseError::retry_in`]).
 pub const META_RETRY_IN_MS: &str = "leasefence-retry-in-ms";
 
+/// What a TLS port answers a plaintext client (HTTP/1 `400` body, HTTP/2
+/// GOAWAY debug data); clients recognise it to say what went wrong.
+pub const TLS_REQUIRED: &str = "this leasefence port speaks TLS: use https:// (plaintext refused)";
+
+/// What a mutual-TLS port answers each request of a client that presented
+/// no certificate (HTTP `401`, gRPC `UNAUTHENTICATED`).
+pub const CLIENT_CERTIFICATE_REQUIRED: &str = "this leasefence port requires a client certificate (mutual TLS): \
+     present one issued by its client CA";
+
 /// Stable names of the refusals, as used in gRPC metadata and HTTP bodies.
 pub fn error_kind(e: &LeaseError) -> &'static str {
     match e {

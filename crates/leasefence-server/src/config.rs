@@ -23,6 +23,9 @@ pub struct ServerConfig {
     pub policy: Option<leasefence_core::access::Policy>,
     /// Per-principal and total limits (see [`crate::auth::Limits`]).
     pub limits: crate::auth::Limits,
+    /// TLS on the port (and client certificates, with a client CA);
+    /// `None` serves plaintext.
+    pub tls: Option<crate::tls::Tls>,
 }
 
 impl ServerConfig {
@@ -42,6 +45,7 @@ impl ServerConfig {
             fence_key: None,
             policy: None,
             limits: crate::auth::Limits::default(),
+            tls: None,
         }
     }
 }

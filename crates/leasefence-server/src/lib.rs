@@ -10,12 +10,16 @@
 //! - [`auth`] and [`quota`]: access control (who may do what) and limits.
 //! - [`node`] and [`leadership`]: on a store several coordinators share, who
 //!   is active; the election, epoch-fenced leadership and stepping down.
+//! - [`tls`]: the port's optional TLS (and mTLS) configuration; the edge
+//!   listener refuses plaintext clients on a TLS port with a clear answer
+//!   and hands each request the verified client certificate ([`peer`]).
 //! - [`Server`]: binds the port, recovers the store (or joins the election),
 //!   serves until shutdown.
 
 pub mod auth;
 mod browse;
 pub mod config;
+mod edge;
 pub mod engine;
 mod error;
 mod grpc;
@@ -25,6 +29,9 @@ pub mod metrics;
 pub mod node;
 pub mod peer;
 pub mod quota;
+pub mod tls;
+#[cfg(test)]
+mod tls_tests;
 mod ui;
 pub mod watch;
 pub mod wire;
@@ -40,6 +47,8 @@ pub use leadership::HaConfig;
 use leasefence_store::{Committer, EmbeddedStore, LeaseStore, SharedStore, StoreError};
 pub use node::{Node, Role};
 use tokio::net::TcpListener;
+
+use crate::edge::{EdgeListener, EdgeService};
 
 /// Why the server could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +76,7 @@ pub struct Server {
     mode: Mode,
     metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     access: Arc<auth::Access>,
+    tls: Option<tls::Tls>,
 }
 
 enum Mode {
@@ -108,6 +118,7 @@ impl Server {
             mode: Mode::Single(engine),
             access: Arc::new(auth::Access::new(config.policy, config.limits)),
             metrics: config.metrics,
+            tls: config.tls,
         })
     }
 
@@ -136,6 +147,7 @@ impl Server {
             mode: Mode::Shared { election, stop },
             access: Arc::new(auth::Access::new(config.policy, config.limits)),
             metrics: config.metrics,
+            tls: config.tls,
         })
     }
 
@@ -159,12 +171,18 @@ impl Server {
             .prepare()
             .into_axum_router()
             .reset_fallback();
-        let app = http::router(self.node.clone(), self.metrics, self.access).merge(grpc);
+        let app = EdgeService::new(http::router(self.node.clone(), self.metrics, self.access).merge(grpc));
         if let Ok(addr) = self.listener.local_addr() {
-            tracing::info!(%addr, "serving gRPC and HTTP");
+            match &self.tls {
+                None => tracing::info!(%addr, "serving gRPC and HTTP"),
+                Some(t) => {
+                    tracing::info!(%addr, client_certificates = t.client_auth(), "serving gRPC and HTTP over TLS")
+                }
+            }
         }
+        let listener = EdgeListener::new(self.listener, self.tls).map_err(ServerError::Serve)?;
         match self.mode {
-            Mode::Single(engine) => run_single(self.listener, app, engine, shutdown).await,
+            Mode::Single(engine) => run_single(listener, app, engine, shutdown).await,
             Mode::Shared { election, stop } => {
                 let election = tokio::spawn(election);
                 let stop_on = stop.clone();
@@ -172,7 +190,7 @@ impl Server {
                     shutdown.await;
                     stop_on.send_replace(true);
                 };
-                let result = axum::serve(self.listener, app).with_graceful_shutdown(shutdown).await;
+                let result = axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
                 stop.send_replace(true);
                 // The election steps down and resigns, so a standby need not wait out the TTL.
                 let _ = tokio::time::timeout(FATAL_DRAIN * 5, election).await;
@@ -193,8 +211,8 @@ async fn listen(config: &ServerConfig) -> Result<TcpListener, ServerError> {
 
 /// Serves one coordinator on its own store; a failed commit is fatal.
 async fn run_single(
-    listener: TcpListener,
-    app: axum::Router,
+    listener: EdgeListener,
+    app: EdgeService,
     engine: Arc<Engine>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {

@@ -1,11 +1,11 @@
 //! Command-line arguments (clap) and dispatch to the commands.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use leasefence_client::{Client, ClientOptions};
+use leasefence_client::{Client, ClientOptions, ClientTls};
 
 use crate::{
     CmdResult, Failure, arbiter_cmd, auth_cmd, bench, client_cmds, demo, elect_cmd, fence_key_cmd, gateway_cmd,
@@ -169,6 +169,17 @@ pub struct ServeArgs {
     /// With --auth: most open watch streams of one principal.
     #[arg(long, default_value_t = leasefence_server::auth::Limits::default().watchers_per_principal_max)]
     pub watchers_per_principal_max: usize,
+    /// Serve TLS with this certificate chain (PEM, leaf first); needs
+    /// --tls-key. Plaintext clients are then refused with a message.
+    #[arg(long, env = "LEASEFENCE_TLS_CERT", value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, env = "LEASEFENCE_TLS_KEY", value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// Require every client to present a certificate issued by this CA
+    /// (PEM; mutual TLS). Needs --tls-cert and --tls-key.
+    #[arg(long, env = "LEASEFENCE_TLS_CLIENT_CA", value_name = "FILE")]
+    pub tls_client_ca: Option<PathBuf>,
     /// A TOML file with any of these flags (keys without the dashes, e.g.
     /// `listen = "127.0.0.1:7740"`, `ttl-max = "1h"`); flags and
     /// LEASEFENCE_* variables override it.
@@ -213,6 +224,17 @@ pub struct ServerArg {
     /// variable: a flag shows in the process list).
     #[arg(long, env = "LEASEFENCE_AUTH_TOKEN", hide_env_values = true, value_name = "TOKEN")]
     pub token: Option<String>,
+    /// For https:// coordinators: the CA certificate(s) (PEM) that issued
+    /// theirs (default: the system's roots).
+    #[arg(long, env = "LEASEFENCE_CA", value_name = "FILE")]
+    pub ca: Option<PathBuf>,
+    /// For https:// coordinators that require one: the client certificate
+    /// (PEM) to present; with --key.
+    #[arg(long, env = "LEASEFENCE_CERT", value_name = "FILE", requires = "key")]
+    pub cert: Option<PathBuf>,
+    /// The private key (PEM) of --cert.
+    #[arg(long, env = "LEASEFENCE_KEY", value_name = "FILE", requires = "cert")]
+    pub key: Option<PathBuf>,
 }
 
 impl ServerArg {
@@ -222,10 +244,39 @@ impl ServerArg {
             return Err(Failure::invalid("--timeout must be more than 0 (examples: 500ms, 10s)"));
         }
         let options = ClientOptions::default().with_call_timeout(self.timeout);
-        Ok(match &self.token {
+        let options = match &self.token {
             Some(t) => options.with_token(t.clone()),
             None => options,
+        };
+        Ok(match self.tls()? {
+            Some(tls) => options.with_tls(tls),
+            None => options,
         })
+    }
+
+    /// `--ca`, `--cert` and `--key`, read and checked; `None` without any.
+    fn tls(&self) -> Result<Option<ClientTls>, Failure> {
+        if self.ca.is_none() && self.cert.is_none() {
+            return Ok(None);
+        }
+        let read = |flag: &str, path: &PathBuf| {
+            std::fs::read(path).map_err(|e| Failure::invalid(format!("{flag} {}: cannot read it: {e}", path.display())))
+        };
+        let bad = |flag: &str, path: &PathBuf, e: leasefence_core::Invalid| {
+            Failure::invalid(format!("{flag} {}: {}", path.display(), e.message()))
+        };
+        let mut tls = ClientTls::new();
+        if let Some(path) = &self.ca {
+            tls = tls.with_ca_pem(read("--ca", path)?).map_err(|e| bad("--ca", path, e))?;
+        }
+        if let (Some(cert), Some(key)) = (&self.cert, &self.key) {
+            let (cert_pem, key_pem) = (read("--cert", cert)?, read("--key", key)?);
+            tls = tls.with_identity_pem(cert_pem, key_pem).map_err(|e| match e.field() {
+                "key" => bad("--key", key, e),
+                _ => bad("--cert", cert, e),
+            })?;
+        }
+        Ok(Some(tls))
     }
 
     /// A client of the `--server` coordinators with `--timeout` and
@@ -234,6 +285,19 @@ impl ServerArg {
         Client::connect_any_with(&self.server, self.options()?)
             .await
             .map_err(client_cmds::failure)
+    }
+
+    /// `--ca`, `--cert` and `--key` as the variables that give them, for a
+    /// child's own calls (paths, never the files' contents).
+    pub fn tls_env(&self) -> Vec<(&'static str, &Path)> {
+        [
+            ("LEASEFENCE_CA", &self.ca),
+            ("LEASEFENCE_CERT", &self.cert),
+            ("LEASEFENCE_KEY", &self.key),
+        ]
+        .into_iter()
+        .filter_map(|(name, path)| path.as_deref().map(|p| (name, p)))
+        .collect()
     }
 
     /// The list as `--server` and `$LEASEFENCE_SERVER` take it.

@@ -92,6 +92,10 @@ fn main() -> ExitCode {
         cli::LogFormat::Text => logs.init(),
         cli::LogFormat::Json => logs.json().init(),
     }
+    // One crypto provider for every rustls user in the process, chosen
+    // before any is built (a second provider compiled in would otherwise
+    // make rustls refuse to pick).
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -2,7 +2,8 @@
 //! lease, and stop it when the lease can no longer be proven held.
 //!
 //! The child gets `LEASEFENCE_RESOURCE`, `LEASEFENCE_TOKEN` and
-//! `LEASEFENCE_SERVER` in its environment and runs in its own process group,
+//! `LEASEFENCE_SERVER` (with `LEASEFENCE_CA`, `_CERT`, `_KEY` when `--ca`,
+//! `--cert`, `--key` were given) in its environment and runs in its own process group,
 //! so that everything it starts can be stopped together. The group must be
 //! dead by the self-fencing deadline: it gets SIGTERM `--grace` before it
 //! (when no renewal has moved it by then) and SIGKILL at it, and `run` exits
@@ -132,7 +133,7 @@ impl ChildArgs {
 
     /// Runs the command under `lease` (see [`run_with_lease`]).
     pub(crate) async fn run_under(&self, lease: Lease, grace: Duration) -> CmdResult {
-        run_with_lease(lease, &self.server.joined(), &self.command, grace).await
+        run_with_lease(lease, &self.server, &self.command, grace).await
     }
 }
 
@@ -148,10 +149,15 @@ pub async fn run(a: RunArgs) -> CmdResult {
 }
 
 /// Runs `command` (program and arguments) under `lease`, with the fence and
-/// `server` in its environment, in its own process group; stops the group on
+/// `server` (the coordinators, and the TLS files if given) in its environment, in its own process group; stops the group on
 /// loss (exit 4), otherwise releases the lease and passes the exit code on.
 /// `lease` carries `grace` in its margin ([`ChildArgs::fencing`]).
-pub(crate) async fn run_with_lease(lease: Lease, server: &str, command: &[OsString], grace: Duration) -> CmdResult {
+pub(crate) async fn run_with_lease(
+    lease: Lease,
+    server: &ServerArg,
+    command: &[OsString],
+    grace: Duration,
+) -> CmdResult {
     let resource = lease.resource().clone();
     let Some((program, args)) = command.split_first() else {
         release(lease).await;
@@ -161,7 +167,8 @@ pub(crate) async fn run_with_lease(lease: Lease, server: &str, command: &[OsStri
     cmd.args(args)
         .env(ENV_RESOURCE, resource.as_str())
         .env(ENV_TOKEN, lease.token().to_string())
-        .env(ENV_SERVER, server)
+        .env(ENV_SERVER, server.joined())
+        .envs(server.tls_env())
         .process_group(0);
     // A signature inherited from an outer `run` would not match this fence.
     match lease.fence().signature {

@@ -4,9 +4,14 @@
 //! Protected mode: without access control (`--auth FILE`) it binds loopback
 //! only; any other `--listen` is refused unless `--insecure` says so (cf.
 //! Redis's protected mode). etcd and ZooKeeper ship open; leasefence does not.
+//!
+//! TLS (`--tls-cert`, `--tls-key`, optionally `--tls-client-ca` for client
+//! certificates) encrypts the port; it is not access control, so protected
+//! mode applies with it as without it.
 
 use std::net::SocketAddr;
 
+use leasefence_server::tls::{Tls, TlsFiles};
 use leasefence_server::{HaConfig, Server, ServerConfig, ServerError};
 
 use crate::cli::ServeArgs;
@@ -38,6 +43,7 @@ pub async fn run(a: ServeArgs) -> CmdResult {
         watchers_max: a.watchers_max,
         watchers_per_principal_max: a.watchers_per_principal_max,
     };
+    config.tls = tls(&a)?;
     let (server, at) = match &a.store {
         None => {
             let at = format!("data dir {}", config.data_dir.display());
@@ -51,7 +57,8 @@ pub async fn run(a: ServeArgs) -> CmdResult {
         }
     };
     // One line on stdout, so scripts (and tests) learn the bound port when --listen used port 0.
-    println!("leasefence listening on {} ({at})", server.local_addr()?);
+    let tls = if a.tls_cert.is_some() { ", TLS" } else { "" };
+    println!("leasefence listening on {} ({at}{tls})", server.local_addr()?);
     match server.run(shutdown_signal()).await {
         Ok(()) => {
             tracing::info!("stopped");
@@ -102,7 +109,7 @@ fn ha_config(a: &ServeArgs) -> Result<HaConfig, Failure> {
                 "--advertise {url:?} must be an http:// or https:// URL clients can reach"
             )));
         }
-        None => default_advertise(a.listen)?,
+        None => default_advertise(a.listen, a.tls_cert.is_some())?,
     };
     Ok(HaConfig {
         leader_ttl: a.leader_ttl,
@@ -110,15 +117,40 @@ fn ha_config(a: &ServeArgs) -> Result<HaConfig, Failure> {
     })
 }
 
-/// `http://` + `--listen`, when that names one reachable address and port.
-fn default_advertise(listen: SocketAddr) -> Result<String, Failure> {
+/// `--tls-cert`, `--tls-key` and `--tls-client-ca`, loaded and checked.
+fn tls(a: &ServeArgs) -> Result<Option<Tls>, Failure> {
+    let (cert, key) = match (&a.tls_cert, &a.tls_key, &a.tls_client_ca) {
+        (None, None, None) => return Ok(None),
+        (Some(cert), Some(key), _) => (cert.clone(), key.clone()),
+        (None, Some(_), _) | (None, None, Some(_)) => {
+            return Err(Failure::invalid(
+                "--tls-key and --tls-client-ca need --tls-cert FILE (the server's certificate chain, PEM)",
+            ));
+        }
+        (Some(_), None, _) => {
+            return Err(Failure::invalid(
+                "--tls-cert needs --tls-key FILE (its private key, PEM)",
+            ));
+        }
+    };
+    let files = TlsFiles {
+        cert,
+        key,
+        client_ca: a.tls_client_ca.clone(),
+    };
+    Tls::load(&files).map(Some).map_err(Failure::invalid)
+}
+
+/// `http(s)://` + `--listen`, when that names one reachable address and port.
+fn default_advertise(listen: SocketAddr, tls: bool) -> Result<String, Failure> {
     if listen.ip().is_unspecified() || listen.port() == 0 {
         return Err(Failure::invalid(format!(
             "--listen {listen} does not say where clients reach this coordinator; give --advertise URL \
              (the URL a standby sends clients to while this one is active)"
         )));
     }
-    Ok(format!("http://{listen}"))
+    let scheme = if tls { "https" } else { "http" };
+    Ok(format!("{scheme}://{listen}"))
 }
 
 /// Opens the shared store (which may install its tables or keys) and binds.

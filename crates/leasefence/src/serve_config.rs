@@ -8,7 +8,7 @@
 //! the flag would refuse is an error naming the key, so a typo never passes
 //! silently as a default.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::ArgMatches;
@@ -41,6 +41,9 @@ struct ServeFile {
     waiters_per_principal_max: Option<usize>,
     watchers_max: Option<usize>,
     watchers_per_principal_max: Option<usize>,
+    tls_cert: Option<String>,
+    tls_key: Option<String>,
+    tls_client_ca: Option<String>,
 }
 
 /// Fills in from `a.config` every argument that the command line and the
@@ -119,6 +122,16 @@ pub fn apply(a: &mut ServeArgs, m: &ArgMatches) -> Result<(), Failure> {
     for (id, value, slot) in texts {
         if let (Some(v), true) = (value, unset(id)) {
             *slot = Some(v.clone());
+        }
+    }
+    let paths: [(&str, &Option<String>, &mut Option<PathBuf>); 3] = [
+        ("tls_cert", &file.tls_cert, &mut a.tls_cert),
+        ("tls_key", &file.tls_key, &mut a.tls_key),
+        ("tls_client_ca", &file.tls_client_ca, &mut a.tls_client_ca),
+    ];
+    for (id, value, slot) in paths {
+        if let (Some(v), true) = (value, unset(id)) {
+            *slot = Some(v.into());
         }
     }
     if let (Some(v), true) = (file.insecure, unset("insecure")) {
@@ -204,6 +217,20 @@ mod tests {
         );
         let e = serve("watchers-max = \"many\"\n", &[]).expect_err("a string");
         assert!(e.contains("watchers-max"), "{e}");
+    }
+
+    #[test]
+    fn the_tls_files_come_from_the_file_unless_a_flag_names_them() {
+        let a = serve(
+            "tls-cert = \"/etc/lf/cert.pem\"\ntls-key = \"/etc/lf/key.pem\"\ntls-client-ca = \"/etc/lf/ca.pem\"\n",
+            &["--tls-key", "/run/key.pem"],
+        )
+        .expect("valid");
+        assert_eq!(a.tls_cert.as_deref(), Some(Path::new("/etc/lf/cert.pem")));
+        assert_eq!(a.tls_key.as_deref(), Some(Path::new("/run/key.pem")));
+        assert_eq!(a.tls_client_ca.as_deref(), Some(Path::new("/etc/lf/ca.pem")));
+        let e = serve("tls-cert = 1\n", &[]).expect_err("a number");
+        assert!(e.contains("tls-cert"), "{e}");
     }
 
     #[test]
