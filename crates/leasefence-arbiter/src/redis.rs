@@ -20,6 +20,7 @@
 //! ([`check_settings`]). Replication is asynchronous: [`Via::wait_for`] waits
 //! for replicas after each write ([`WaitFor`]).
 
+use leasefence_core::signing::SignatureError;
 use leasefence_core::{Fence, FenceMode, ResourceId, Stale, Token};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{Cmd, FromRedisValue, ToRedisArgs};
@@ -40,13 +41,19 @@ const BACKEND: &str = "redis";
 /// The library source loaded by [`install`].
 pub const LIBRARY: &str = include_str!("lua/leasefence.lua");
 /// The library version [`install`] loads and checks.
-pub const LIBRARY_VERSION: &str = "4";
+pub const LIBRARY_VERSION: &str = "5";
 /// The module version ([`module_loaded`]) this crate's calls are written for:
 /// 2 refuses every data key under the fence-key prefix and records no fence
-/// for a command that wrote nothing.
-pub const MODULE_VERSION: &str = "2";
+/// for a command that wrote nothing; 3 checks signed fences.
+pub const MODULE_VERSION: &str = "3";
 /// Error code of a stale call.
 pub const ERROR_STALE: &str = "STALE";
+/// Error code of a call refused for its fence's signature:
+/// `-BADSIG <reason> <key id or -> <resource>`.
+pub const ERROR_BAD_SIGNATURE: &str = "BADSIG";
+/// The hash of the Functions library's verifying keys (key id -> secret in
+/// hex); no fenced command writes it.
+pub const KEYS_KEY: &str = "leasefence:keys";
 
 /// The fence key of `resource`: `leasefence:fence:{RESOURCE}`.
 pub fn fence_key(resource: &ResourceId) -> String {
@@ -164,8 +171,67 @@ impl Via {
         for k in keys {
             cmd.arg(*k);
         }
-        cmd.arg(fence.token.get().to_string()).arg(mode.as_str());
+        cmd.arg(fence.token.get().to_string());
+        // The signature rides in the mode argument, after one space, so that
+        // every command keeps its argument positions.
+        match &fence.signature {
+            Some(signature) => cmd.arg(format!("{} {signature}", mode.as_str())),
+            None => cmd.arg(mode.as_str()),
+        };
         cmd
+    }
+
+    /// Installs `key` (or replaces the secret of a key of the same id): from
+    /// then on every fenced call must carry a signature under an installed
+    /// key, or fails with [`ArbiterError::BadSignature`] and changes nothing.
+    /// At most two keys (a rotation). The Functions library keeps them in
+    /// [`KEYS_KEY`] (persisted and replicated like any key); the module in
+    /// its memory (give them again at load with `fence-key-file PATH`).
+    pub async fn add_fence_key<C: ConnectionLike + Send>(
+        self,
+        conn: &mut C,
+        key: &leasefence_core::signing::FenceKey,
+    ) -> Result<(), ArbiterError> {
+        let line = key.to_line();
+        let hex = line.split_once(':').map(|(_, h)| h).unwrap_or_default();
+        let mut cmd = self.key_command("leasefence_key_add", "LEASEFENCE.KEY.ADD");
+        cmd.arg(key.id()).arg(hex);
+        let _: String = cmd.query_async(conn).await.map_err(|e| classify(e, None))?;
+        Ok(())
+    }
+
+    /// Removes the key `key_id`; `true` if it was installed. With no key
+    /// left, fences are not checked.
+    pub async fn remove_fence_key<C: ConnectionLike + Send>(
+        self,
+        conn: &mut C,
+        key_id: &str,
+    ) -> Result<bool, ArbiterError> {
+        let mut cmd = self.key_command("leasefence_key_remove", "LEASEFENCE.KEY.REMOVE");
+        cmd.arg(key_id);
+        let removed: i64 = cmd.query_async(conn).await.map_err(|e| classify(e, None))?;
+        Ok(removed == 1)
+    }
+
+    /// The ids of the installed keys, sorted (never the secrets).
+    pub async fn fence_key_ids<C: ConnectionLike + Send>(self, conn: &mut C) -> Result<Vec<String>, ArbiterError> {
+        let cmd = self.key_command("leasefence_key_ids", "LEASEFENCE.KEY.LIST");
+        cmd.query_async(conn).await.map_err(|e| classify(e, None))
+    }
+
+    fn key_command(self, function: &str, module_command: &str) -> Cmd {
+        match self {
+            Via::Functions => {
+                let mut cmd = redis::cmd(if function == "leasefence_key_ids" {
+                    "FCALL_RO"
+                } else {
+                    "FCALL"
+                });
+                cmd.arg(function).arg(1).arg(KEYS_KEY);
+                cmd
+            }
+            Via::Module => redis::cmd(module_command),
+        }
     }
 
     /// The library version ([`Via::Functions`]) or the module's calling
@@ -336,6 +402,13 @@ pub(crate) fn classify(e: redis::RedisError, expected: Option<&ResourceId>) -> A
                 message: format!("unparseable STALE reply: {e}"),
             },
         },
+        Some(ERROR_BAD_SIGNATURE) => match parse_bad_signature(e.detail().unwrap_or_default(), expected) {
+            Some((resource, reason)) => ArbiterError::BadSignature { resource, reason },
+            None => ArbiterError::Protocol {
+                backend: BACKEND,
+                message: format!("unparseable BADSIG reply: {e}"),
+            },
+        },
         Some("LFINVALID") => ArbiterError::Invalid(leasefence_core::Invalid::new(
             "argument",
             e.detail().unwrap_or_default(),
@@ -344,6 +417,18 @@ pub(crate) fn classify(e: redis::RedisError, expected: Option<&ResourceId>) -> A
         _ if is_missing_module(&e) => ArbiterError::ModuleNotLoaded,
         _ => ArbiterError::Redis(e),
     }
+}
+
+/// Parses `reason key-id resource` (`-` for no key id; the resource last: it
+/// may contain spaces).
+fn parse_bad_signature(detail: &str, expected: Option<&ResourceId>) -> Option<(ResourceId, SignatureError)> {
+    let mut parts = detail.splitn(3, ' ');
+    let (reason, key_id) = (parts.next()?, parts.next()?);
+    let resource = match parts.next().and_then(|r| ResourceId::new(r).ok()) {
+        Some(r) => r,
+        None => expected?.clone(),
+    };
+    Some((resource, SignatureError::from_reason(reason, key_id)?))
 }
 
 /// Parses `presented current resource` (resource last: it may contain spaces).
@@ -375,6 +460,16 @@ mod tests {
         assert_eq!((s.resource, s.current.get()), (r, 4));
         assert!(parse_stale("3 4", None).is_none());
         assert!(parse_stale("0 4 r", None).is_none());
+    }
+
+    #[test]
+    fn bad_signature_reply_parses_every_reason() {
+        let (r, e) = parse_bad_signature("unknown_key k9 a b", None).expect("parses");
+        assert_eq!((r.as_str(), e), ("a b", SignatureError::UnknownKey("k9".into())));
+        let (_, e) = parse_bad_signature("missing - r", None).expect("parses");
+        assert_eq!(e, SignatureError::Missing);
+        assert!(parse_bad_signature("nonsense - r", None).is_none());
+        assert!(parse_bad_signature("mismatch k", None).is_none());
     }
 
     #[test]
