@@ -5,10 +5,11 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use leasefence_core::signing::SignatureError;
+use leasefence_core::Stale;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 use leasefence_core::{Invalid, Token};
-use leasefence_core::{ResourceId, Stale};
+#[cfg(any(feature = "postgres", feature = "redis", feature = "embedded"))]
+use leasefence_core::{ResourceId, signing::SignatureError};
 
 use crate::ArbiterError;
 
@@ -59,6 +60,7 @@ pub(crate) fn rejected(backend: &'static str, stale: Stale) -> ArbiterError {
 
 /// Counts and logs a fence refused for its signature, and returns it as the
 /// typed error. The signature itself is not logged.
+#[cfg(any(feature = "postgres", feature = "redis", feature = "embedded"))]
 pub(crate) fn refused(backend: &'static str, resource: ResourceId, reason: SignatureError) -> ArbiterError {
     metrics::counter!(SIGNATURE_REFUSALS_METRIC, "backend" => backend, "reason" => reason.reason()).increment(1);
     tracing::warn!(

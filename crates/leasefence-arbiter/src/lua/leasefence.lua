@@ -26,18 +26,17 @@
 -- when no key existed: its effect is that the keys are absent, which a stale
 -- SET must not undo.
 --
--- Signed fences (version 5): once a key is installed in the hash
--- 'leasefence:keys' (FCALL leasefence_key_add 1 leasefence:keys ID HEX; at
--- most two: a rotation), every fenced call must carry a signature, the
--- coordinator's HMAC-SHA256 over 'leasefence-fence-v1' LF key id LF resource
--- LF token under one of them, or fails, changing nothing, with
+-- Signed fences (version 5): when the library is loaded with verifying keys
+-- (at most two: a rotation; the Rust installer writes them into FENCE_KEYS
+-- below, see `redis::Via::add_fence_key`), every fenced call must carry a
+-- signature, the coordinator's HMAC-SHA256 over 'leasefence-fence-v1' LF key
+-- id LF resource LF token under one of them, or fails, changing nothing, with
 --   -BADSIG <missing|malformed|unknown_key|mismatch> <key id or -> <resource>
--- SHA-256 is computed here with the bit library (Redis Lua has no other
--- hash than SHA-1). No fenced command writes 'leasefence:keys'. The keys hash
--- is read without being declared in KEYS: in a cluster it must live on the
--- node of every fenced call, which Redis does not allow, so signed fences
--- with this library need a server that is not a cluster (the module holds
--- its keys in memory and has no such limit).
+-- SHA-256 is computed here with the bit library (Redis Lua has no other hash
+-- than SHA-1). The keys live in the library's code, not in a key: no extra
+-- read per call, nothing in another cluster slot, persisted and replicated
+-- with the library; `FUNCTION LIST WITHCODE` shows them, so keep that
+-- command (and FUNCTION DUMP) from the users that run effects.
 --
 -- Order inside a call: check the signature, read and check the fence, apply the command, then record
 -- the token. If the command itself fails (WRONGTYPE, a bad stream ID) the call
@@ -53,7 +52,9 @@
 
 local VERSION = '5'
 local FENCE_PREFIX = 'leasefence:fence:'
-local KEYS_KEY = 'leasefence:keys'
+-- Key id -> 32-byte secret in hex; empty: fences are not checked. The next
+-- line is rewritten by the installer and must stay one line.
+local FENCE_KEYS = {} -- leasefence:fence-keys
 local U64_MAX = '18446744073709551615'
 
 -- A canonical u64 decimal: no sign, no leading zero, at most U64_MAX.
@@ -185,21 +186,18 @@ end
 -- Nil when the signature admits the fence (or no key is installed), else
 -- the -BADSIG reply. `signature` is nil when the call carried none.
 local function check_signature(resource, token, signature)
-    local key_id, mac
-    if signature then
-        key_id, mac = string.match(signature, '^v1%.([a-z0-9_%-]+)%.([0-9a-f]+)$')
+    if next(FENCE_KEYS) == nil then
+        return nil
     end
+    if not signature then
+        return bad_signature('missing', '-', resource)
+    end
+    local key_id, mac = string.match(signature, '^v1%.([a-z0-9_%-]+)%.([0-9a-f]+)$')
     if not key_id or #key_id > 32 or #mac ~= 64 then
-        if redis.call('EXISTS', KEYS_KEY) == 0 then
-            return nil
-        end
-        return bad_signature(signature and 'malformed' or 'missing', '-', resource)
+        return bad_signature('malformed', '-', resource)
     end
-    local secret = redis.call('HGET', KEYS_KEY, key_id)
+    local secret = FENCE_KEYS[key_id]
     if not secret then
-        if redis.call('EXISTS', KEYS_KEY) == 0 then
-            return nil
-        end
         return bad_signature('unknown_key', key_id, resource)
     end
     local message = 'leasefence-fence-v1\n' .. key_id .. '\n' .. resource .. '\n' .. token
@@ -231,9 +229,6 @@ local function check(keys, args)
     for i = 2, #keys do
         if string.sub(keys[i], 1, 17) == FENCE_PREFIX then
             return invalid('data keys must not start with ' .. FENCE_PREFIX .. ' (the prefix of fence keys)')
-        end
-        if keys[i] == KEYS_KEY then
-            return invalid('data keys must not be ' .. KEYS_KEY .. ' (the fence signing keys)')
         end
     end
     -- The resource is the text between 'leasefence:fence:{' and '}'.
@@ -334,44 +329,12 @@ local function fenced_xadd(keys, args)
     return reply
 end
 
--- FCALL leasefence_key_add 1 leasefence:keys ID HEX  -> OK
--- Installs a verifying key (or replaces the secret of the key ID): ID is
--- 1..32 of [a-z0-9_-], HEX the 32-byte secret in 64 lowercase hex digits. At
--- most two keys.
-local function key_add(keys, args)
-    if #keys ~= 1 or keys[1] ~= KEYS_KEY or #args ~= 2 then
-        return invalid('usage: FCALL leasefence_key_add 1 ' .. KEYS_KEY .. ' ID HEX')
+-- FCALL_RO leasefence_key_ids 0  -> the ids of the keys loaded, sorted (not the secrets)
+local function key_ids()
+    local ids = {}
+    for id in pairs(FENCE_KEYS) do
+        ids[#ids + 1] = id
     end
-    local id, hex = args[1], args[2]
-    if #id > 32 or not string.find(id, '^[a-z0-9_%-]+$') then
-        return invalid('the key id must be 1..32 of [a-z0-9_-]')
-    end
-    if #hex ~= 64 or not string.find(hex, '^[0-9a-f]+$') then
-        return invalid('the secret must be 64 lowercase hex digits (32 bytes)')
-    end
-    if redis.call('HEXISTS', KEYS_KEY, id) == 0 and redis.call('HLEN', KEYS_KEY) >= 2 then
-        local ids = redis.call('HKEYS', KEYS_KEY)
-        table.sort(ids)
-        return invalid('two keys are installed (' .. table.concat(ids, ', ') .. '); remove one before adding ' .. id)
-    end
-    redis.call('HSET', KEYS_KEY, id, hex)
-    return redis.status_reply('OK')
-end
-
--- FCALL leasefence_key_remove 1 leasefence:keys ID  -> 1 if it was installed, else 0
-local function key_remove(keys, args)
-    if #keys ~= 1 or keys[1] ~= KEYS_KEY or #args ~= 1 then
-        return invalid('usage: FCALL leasefence_key_remove 1 ' .. KEYS_KEY .. ' ID')
-    end
-    return redis.call('HDEL', KEYS_KEY, args[1])
-end
-
--- FCALL_RO leasefence_key_ids 1 leasefence:keys  -> the installed key ids, sorted
-local function key_ids(keys)
-    if #keys ~= 1 or keys[1] ~= KEYS_KEY then
-        return invalid('usage: FCALL_RO leasefence_key_ids 1 ' .. KEYS_KEY)
-    end
-    local ids = redis.call('HKEYS', KEYS_KEY)
     table.sort(ids)
     return ids
 end
@@ -394,7 +357,5 @@ redis.register_function{
     callback = function() return VERSION end,
     flags = { 'no-writes' },
 }
-redis.register_function('leasefence_key_add', key_add)
-redis.register_function('leasefence_key_remove', key_remove)
 redis.register_function{ function_name = 'leasefence_key_ids', callback = key_ids, flags = { 'no-writes' } }
 redis.register_function{ function_name = 'leasefence_hmac', callback = hmac_for_tests, flags = { 'no-writes' } }
