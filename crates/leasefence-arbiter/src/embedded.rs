@@ -63,6 +63,19 @@ impl EmbeddedArbiter {
         self
     }
 
+    /// The signature check of [`Self::write`] alone: `Ok` when signatures
+    /// are not required or `fence` carries a good one, else
+    /// [`ArbiterError::BadSignature`] (counted and logged). For refusing a
+    /// forged fence before costly work; `write` checks again regardless.
+    pub fn check_signature(&self, fence: &Fence) -> Result<(), ArbiterError> {
+        match &self.verifier {
+            Some(verifier) => verifier
+                .verify(fence, fence.signature.as_deref())
+                .map_err(|reason| refused(self.backend, fence.resource.clone(), reason)),
+            None => Ok(()),
+        }
+    }
+
     /// Counts and logs rejections under `backend` instead of `embedded` (for
     /// a service built on this store, such as the gateway).
     #[cfg(feature = "gateway")]
@@ -90,11 +103,7 @@ impl EmbeddedArbiter {
     where
         E: From<ArbiterError>,
     {
-        if let Some(verifier) = &self.verifier {
-            verifier
-                .verify(fence, fence.signature.as_deref())
-                .map_err(|reason| refused(self.backend, fence.resource.clone(), reason))?;
-        }
+        self.check_signature(fence)?;
         let tx = self.begin()?;
         admit_in(&tx, fence, mode, self.backend)?;
         let out = effect(&tx)?;
