@@ -261,3 +261,63 @@ async fn version_4_upgrades_and_old_callers_keep_working() {
     assert_eq!(e.code().map(|c| c.code()), Some(postgres::SQLSTATE_STALE));
     assert_eq!(s.last_token(&c, &r).await.expect("last").map(|t| t.get()), Some(4));
 }
+
+/// A role that runs effects (no ownership, no access to the key table)
+/// admits signed fences, is refused unsigned ones, and can neither read the
+/// keys nor change them: the trigger reads them as its owner.
+#[tokio::test]
+async fn an_effects_role_verifies_without_reading_or_changing_the_keys() {
+    let Some(url) = service_url(POSTGRES_URL) else { return };
+    let (admin, s) = fresh_schema(&url).await;
+    let _guard = DropSchema(url.clone(), s.name().to_string());
+    let k = key("k1", 4);
+    s.add_fence_key(&admin, &k).await.expect("add");
+    let (n, role) = (
+        s.name(),
+        format!("lf_effects_{:016x}", getrandom::u64().expect("os randomness")),
+    );
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN; GRANT USAGE ON SCHEMA {n} TO {role};
+             GRANT SELECT, INSERT, UPDATE ON {n}.leasefence_fences TO {role};"
+        ))
+        .await
+        .expect("role");
+    let role_url = url.replacen("postgres@", &format!("{role}@"), 1);
+    let outcome = async {
+        let c = postgres::connect(&role_url).await.expect("connect as the effects role");
+        let r = unique_resource("pg-effects-role");
+        let f = fence(&r, 2);
+        c.execute(
+            &format!("SELECT {n}.leasefence_admit($1, 2, 'strict', $2)"),
+            &[&r.as_str(), &k.sign(&f)],
+        )
+        .await
+        .expect("a signed admit as the effects role");
+        let e = c
+            .execute(&format!("SELECT {n}.leasefence_admit($1, 3)"), &[&r.as_str()])
+            .await
+            .expect_err("unsigned");
+        assert_eq!(
+            e.code().map(|c| c.code()),
+            Some(postgres::SQLSTATE_BAD_SIGNATURE),
+            "{e}"
+        );
+        for sql in [
+            format!("SELECT secret FROM {n}.leasefence_fence_keys"),
+            format!("SELECT {n}.leasefence_fence_key_add('x', decode(repeat('00', 32), 'hex'))"),
+            format!("SELECT {n}.leasefence_fence_key_remove('k1')"),
+            format!("DROP TRIGGER leasefence_fence_signature ON {n}.leasefence_fences"),
+        ] {
+            let e = c.batch_execute(&sql).await.expect_err(&sql);
+            assert_eq!(e.code().map(|c| c.code()), Some("42501"), "{sql}: {e}");
+        }
+    }
+    .await;
+    drop(_guard);
+    admin
+        .batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}"))
+        .await
+        .expect("drop role");
+    outcome
+}
