@@ -9,6 +9,7 @@
 //! non-panicking checker for the command line.
 
 mod racers;
+mod signed;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use leasefence_core::{Fence, FenceMode, ResourceId, Token};
 use crate::ArbiterError;
 
 pub use racers::{RACERS, racers_monotonic, racers_strict};
+pub use signed::{SIGNED_CASES, SuiteKeys, signed_fences};
 
 /// How an atomic unit ends after its admit and effect.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

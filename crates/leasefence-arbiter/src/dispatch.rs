@@ -188,6 +188,73 @@ pub async fn install(url: &str) -> Result<Installed, ArbiterError> {
     }
 }
 
+/// A change to the verifying keys of the arbiter at a URL (signed fences).
+#[derive(Clone, Copy, Debug)]
+pub enum KeyChange<'a> {
+    /// Install a key (or replace the secret of the key of its id); at most two.
+    Add(&'a leasefence_core::signing::FenceKey),
+    /// Remove the key of this id.
+    Remove(&'a str),
+    /// Change nothing: only list.
+    List,
+}
+
+/// Applies `change` to the keys of the arbiter at `url` (`postgres://`:
+/// the install's key table, the role must be the installer; `redis://`: the
+/// library's key hash; `redis+module://`: the module's memory, until a
+/// restart) and returns whether anything changed and the key ids now
+/// installed. SQLite has no signed fences; a gateway takes its keys with
+/// `--fence-key` at start.
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "redis")),
+    allow(unused_variables, reason = "no backend with keys")
+)]
+pub async fn fence_keys(url: &str, change: KeyChange<'_>) -> Result<(bool, Vec<String>), ArbiterError> {
+    match BackendUrl::parse(url)? {
+        #[cfg(feature = "postgres")]
+        BackendUrl::Postgres(u) => {
+            let client = crate::postgres::connect(&u).await?;
+            let changed = match change {
+                KeyChange::Add(key) => crate::postgres::add_fence_key(&client, key).await.map(|()| true)?,
+                KeyChange::Remove(id) => crate::postgres::remove_fence_key(&client, id).await?,
+                KeyChange::List => false,
+            };
+            Ok((changed, crate::postgres::fence_key_ids(&client).await?))
+        }
+        #[cfg(feature = "redis")]
+        BackendUrl::Redis(u) => redis_keys(&u, crate::redis::Via::Functions, change).await,
+        #[cfg(feature = "redis")]
+        BackendUrl::RedisModule(u) => redis_keys(&u, crate::redis::Via::Module, change).await,
+        #[cfg(feature = "sqlite")]
+        BackendUrl::Sqlite(_) => Err(Invalid::new(
+            "url",
+            "the SQLite arbiter does not check fence signatures (it runs in the writer's own process)",
+        )
+        .into()),
+        #[cfg(feature = "gateway")]
+        BackendUrl::Gateway(_) => Err(Invalid::new(
+            "url",
+            "a gateway takes its keys at start: leasefence gateway --fence-key FILE (twice during a rotation)",
+        )
+        .into()),
+    }
+}
+
+#[cfg(feature = "redis")]
+async fn redis_keys(
+    url: &str,
+    via: crate::redis::Via,
+    change: KeyChange<'_>,
+) -> Result<(bool, Vec<String>), ArbiterError> {
+    let mut conn = crate::redis::connect(url).await?;
+    let changed = match change {
+        KeyChange::Add(key) => via.add_fence_key(&mut conn, key).await.map(|()| true)?,
+        KeyChange::Remove(id) => via.remove_fence_key(&mut conn, id).await?,
+        KeyChange::List => false,
+    };
+    Ok((changed, via.fence_key_ids(&mut conn).await?))
+}
+
 /// Runs `trials` pause trials against the arbiter at `url` (which must be
 /// installed), in a fresh namespace that is removed afterwards. A Redis
 /// server is first checked as [`install`] checks it: refused when it can

@@ -6,15 +6,21 @@
 //! applies the effect: a crash can never separate the two. [`EmbeddedArbiter::write`]
 //! opens the same transaction to any effect on your own redb tables.
 //! Tokens are stored as `u64`: the full token range.
+//!
+//! With [`EmbeddedArbiter::require_signatures`] every write first checks the
+//! fence's signature (see `leasefence_core::signing`) and refuses a fence the
+//! coordinator did not sign with [`ArbiterError::BadSignature`], before the
+//! fence is read: nothing is recorded.
 
 use std::path::Path;
 
+use leasefence_core::signing::Verifier;
 use leasefence_core::{Fence, FenceMode, ResourceId, Token, admit};
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 
 use crate::ArbiterError;
 use crate::error::redb_err;
-use crate::reject::rejected;
+use crate::reject::{refused, rejected};
 
 const BACKEND: &str = "embedded";
 
@@ -28,19 +34,46 @@ pub struct EmbeddedArbiter {
     db: Database,
     /// The `backend` label of its rejections.
     backend: &'static str,
+    /// The keys a fence must be signed with, when signatures are required.
+    verifier: Option<Verifier>,
 }
 
 impl EmbeddedArbiter {
     /// Opens (creating if needed) the store file at `path`.
     pub fn open(path: &Path) -> Result<EmbeddedArbiter, ArbiterError> {
         let db = Database::create(path).map_err(redb_err)?;
-        let arbiter = EmbeddedArbiter { db, backend: BACKEND };
+        let arbiter = EmbeddedArbiter {
+            db,
+            backend: BACKEND,
+            verifier: None,
+        };
         let mut tx = arbiter.begin()?;
         tx.open_table(FENCES).map_err(redb_err)?;
         tx.open_table(KV).map_err(redb_err)?;
         tx.set_durability(Durability::Immediate).map_err(redb_err)?;
         tx.commit().map_err(redb_err)?;
         Ok(arbiter)
+    }
+
+    /// Refuses, from now on, every fence not signed with one of `verifier`'s
+    /// keys ([`ArbiterError::BadSignature`], counted and logged): unsigned,
+    /// malformed, under an unknown key, or not matching its resource and token.
+    pub fn require_signatures(mut self, verifier: Verifier) -> EmbeddedArbiter {
+        self.verifier = Some(verifier);
+        self
+    }
+
+    /// The signature check of [`Self::write`] alone: `Ok` when signatures
+    /// are not required or `fence` carries a good one, else
+    /// [`ArbiterError::BadSignature`] (counted and logged). For refusing a
+    /// forged fence before costly work; `write` checks again regardless.
+    pub fn check_signature(&self, fence: &Fence) -> Result<(), ArbiterError> {
+        match &self.verifier {
+            Some(verifier) => verifier
+                .verify(fence, fence.signature.as_deref())
+                .map_err(|reason| refused(self.backend, fence.resource.clone(), reason)),
+            None => Ok(()),
+        }
     }
 
     /// Counts and logs rejections under `backend` instead of `embedded` (for
@@ -70,6 +103,7 @@ impl EmbeddedArbiter {
     where
         E: From<ArbiterError>,
     {
+        self.check_signature(fence)?;
         let tx = self.begin()?;
         admit_in(&tx, fence, mode, self.backend)?;
         let out = effect(&tx)?;

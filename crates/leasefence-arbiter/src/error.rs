@@ -16,6 +16,17 @@ pub enum ArbiterError {
     /// token has already been recorded for the resource.
     #[error(transparent)]
     Stale(#[from] Stale),
+    /// The arbiter holds fence keys and the fence's signature is missing,
+    /// malformed, names a key it does not hold, or does not match the
+    /// resource and token (a forged fence, or a real one replayed under
+    /// another resource or token). Nothing of the effect happened and no
+    /// token was recorded. Not a stale token: retrying with a newer token does
+    /// not help, a fence signed by the coordinator does.
+    #[error("fence for {resource} refused: {reason}")]
+    BadSignature {
+        resource: leasefence_core::ResourceId,
+        reason: leasefence_core::signing::SignatureError,
+    },
     /// Input that breaks a documented rule, e.g. a token above what the backend
     /// can store, or a URL with an unknown scheme.
     #[error(transparent)]

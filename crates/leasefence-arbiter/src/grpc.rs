@@ -139,13 +139,15 @@ pub fn stale_from_status(status: &Status) -> Option<Stale> {
 }
 
 /// Any [`ArbiterError`] as a status: stale `FAILED_PRECONDITION` (as
-/// [`stale_to_status`]), invalid `INVALID_ARGUMENT`, a retryable conflict
+/// [`stale_to_status`]), a refused signature `PERMISSION_DENIED`, invalid
+/// `INVALID_ARGUMENT`, a retryable conflict
 /// `ABORTED` (retry the call), anything else `INTERNAL` with a generic
 /// message; the error itself goes to the log, not to the caller.
 pub fn arbiter_status(e: ArbiterError) -> Status {
     match &e {
         ArbiterError::Stale(s) => stale_to_status(s),
         ArbiterError::Invalid(i) => Status::invalid_argument(i.to_string()),
+        ArbiterError::BadSignature { .. } => Status::permission_denied(e.to_string()),
         _ if e.is_retryable() => {
             Status::aborted("the fenced effect ran into a concurrent one and was rolled back: retry the call")
         }

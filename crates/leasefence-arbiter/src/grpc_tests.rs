@@ -72,3 +72,14 @@ fn the_interceptors_attach_and_require() {
     assert_eq!(refused.code(), Code::FailedPrecondition);
     assert!(refused.message().contains(HEADER_TOKEN), "{}", refused.message());
 }
+
+#[test]
+fn a_refused_signature_is_permission_denied() {
+    let refused = ArbiterError::BadSignature {
+        resource: ResourceId::new("orders/7").expect("valid"),
+        reason: leasefence_core::signing::SignatureError::Missing,
+    };
+    let status = arbiter_status(refused);
+    assert_eq!(status.code(), tonic::Code::PermissionDenied);
+    assert!(status.message().contains("orders/7"), "{}", status.message());
+}

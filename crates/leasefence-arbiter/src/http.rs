@@ -178,7 +178,8 @@ impl IntoResponse for StaleResponse {
 }
 
 /// Any [`ArbiterError`] as an answer: stale 409 (as [`StaleResponse`]),
-/// invalid 400, a retryable conflict ([`ArbiterError::is_retryable`]) 503,
+/// a refused signature 403 `{"error":"bad_signature","resource","reason",
+/// "message"}`, invalid 400, a retryable conflict ([`ArbiterError::is_retryable`]) 503,
 /// anything else 500 with a generic message; the error itself goes to the
 /// log, not to the caller.
 #[derive(Debug)]
@@ -201,6 +202,11 @@ impl IntoResponse for ArbiterResponse {
         let e = self.0;
         let (status, error, message) = match &e {
             ArbiterError::Stale(s) => return StaleResponse(s.clone()).into_response(),
+            ArbiterError::BadSignature { resource, reason } => {
+                let body = json!({"error": "bad_signature", "resource": resource.as_str(),
+                                  "reason": reason.reason(), "message": e.to_string()});
+                return (StatusCode::FORBIDDEN, Json(body)).into_response();
+            }
             ArbiterError::Invalid(i) => (StatusCode::BAD_REQUEST, "invalid", i.to_string()),
             _ if e.is_retryable() => (
                 StatusCode::SERVICE_UNAVAILABLE,

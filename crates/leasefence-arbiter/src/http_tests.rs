@@ -103,3 +103,17 @@ async fn a_retryable_conflict_is_503() {
         (StatusCode::SERVICE_UNAVAILABLE, &json!("retry"))
     );
 }
+
+#[tokio::test]
+async fn a_refused_signature_is_403_naming_the_reason() {
+    let refused = ArbiterError::BadSignature {
+        resource: ResourceId::new("orders/7").expect("valid"),
+        reason: leasefence_core::signing::SignatureError::Mismatch,
+    };
+    let (status, body) = answer(ArbiterResponse(refused)).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_eq!(
+        (&body["error"], &body["reason"], &body["resource"]),
+        (&json!("bad_signature"), &json!("mismatch"), &json!("orders/7"))
+    );
+}

@@ -65,9 +65,10 @@ pub mod propagate;
 pub mod targets;
 
 pub use conformance::{ConformanceTarget, Outcome};
-pub use dispatch::{BackendUrl, Installed, check, install};
+pub use dispatch::{BackendUrl, Installed, KeyChange, check, fence_keys, install};
 pub use error::ArbiterError;
 pub use pause_kit::{Counterexample, Report, pause_check};
-pub use reject::{REJECTIONS_METRIC, set_rejection_prefix_segments};
+pub use reject::{REJECTIONS_METRIC, SIGNATURE_REFUSALS_METRIC, set_rejection_prefix_segments};
 
+pub use leasefence_core::signing::{FenceKey, SignatureError, Verifier};
 pub use leasefence_core::{Fence, FenceMode, ResourceId, Stale, Token};

@@ -12,6 +12,12 @@
 //! caller's `search_path` does not decide which `leasefence_fences` or
 //! `leasefence_stale` they use.
 //!
+//! Signed fences: once [`add_fence_key`] has installed a key, a trigger on the
+//! fence table verifies the signature every write carries (HMAC-SHA256 with
+//! contrib's `pgcrypto`), inside the database, whichever path wrote it:
+//! `leasefence_admit`, [`PreparedAdmit`], [`FencedStatement`], or SQL by
+//! hand. The helpers pass `fence.signature` along.
+//!
 //! Tokens are stored as `bigint`: tokens above `i64::MAX` are refused with
 //! [`ArbiterError::Invalid`] before any statement runs, never wrapped.
 //! Connections are plain TCP (`NoTls`).
@@ -19,6 +25,7 @@
 use std::future::Future;
 use std::pin::Pin;
 
+use leasefence_core::signing::{FenceKey, SignatureError};
 use leasefence_core::{Fence, FenceMode, ResourceId, Stale, Token};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, GenericClient, NoTls, Statement, Transaction};
@@ -31,19 +38,22 @@ mod folded;
 mod schema;
 
 pub use dedup::{Once, claim_message, prune_consumed, with_fence_once};
-pub use folded::{FENCE_CTE, FencedStatement, fold_fence};
+pub use folded::{FENCE_CTE, FencedStatement, fold_fence, fold_fence_signed};
 pub use schema::Schema;
 
 const BACKEND: &str = "postgres";
 
 /// The schema version this build installs and expects.
-pub const SCHEMA_VERSION: i32 = 4;
+pub const SCHEMA_VERSION: i32 = 5;
 /// SQLSTATE raised by `leasefence_admit` for a stale token.
 pub const SQLSTATE_STALE: &str = "LF001";
 /// SQLSTATE raised by `leasefence_admit` for an invalid argument.
 pub const SQLSTATE_INVALID: &str = "LF002";
 /// SQLSTATE raised by the installer when a newer schema is already installed.
 pub const SQLSTATE_SCHEMA_NEWER: &str = "LF003";
+/// SQLSTATE raised while fence keys are installed for a fence whose
+/// signature is missing, malformed, under an unknown key or not matching.
+pub const SQLSTATE_BAD_SIGNATURE: &str = "LF004";
 /// The install script: run it in one transaction.
 pub const SCHEMA_SQL: &str = include_str!("sql/postgres_schema.sql");
 
@@ -78,7 +88,8 @@ pub async fn installed_version(client: &impl GenericClient) -> Result<Option<i32
     Schema::PUBLIC.installed_version(client).await
 }
 
-const ADMIT_TYPES: [Type; 3] = [Type::TEXT, Type::INT8, Type::TEXT];
+/// resource, token, mode, signature.
+const ADMIT_TYPES: [Type; 4] = [Type::TEXT, Type::INT8, Type::TEXT, Type::TEXT];
 
 /// Admits `fence` inside `tx` and records its token there, or returns
 /// [`ArbiterError::Stale`] (counted and logged). After a rejection the
@@ -149,7 +160,8 @@ impl PreparedAdmit {
     pub async fn admit(&self, tx: &Transaction<'_>, fence: &Fence, mode: FenceMode) -> Result<(), ArbiterError> {
         let token = token_to_i64(BACKEND, fence.token)?;
         let (resource, mode) = (fence.resource.as_str(), mode.as_str());
-        let params: [&(dyn ToSql + Sync); 3] = [&resource, &token, &mode];
+        let signature = fence.signature.as_deref();
+        let params: [&(dyn ToSql + Sync); 4] = [&resource, &token, &mode, &signature];
         let observed = |e| self.schema.classify_observed(e);
         let raised = tx.execute(&self.update, &params).await.map_err(observed)?;
         if raised == 1 {
@@ -232,8 +244,31 @@ where
     Schema::PUBLIC.with_fence(client, fence, mode, effect).await
 }
 
+/// Installs `key` in `public` (or replaces the secret of a key of the same
+/// id): from then on every write of the fence table must carry a signature
+/// under one of the installed keys, or fails with
+/// [`ArbiterError::BadSignature`] (SQLSTATE [`SQLSTATE_BAD_SIGNATURE`]) and
+/// records nothing. At most two keys (a rotation); a third is
+/// [`ArbiterError::Invalid`]. Needs the role that installed the schema (the
+/// key table is readable by nobody else).
+pub async fn add_fence_key(client: &impl GenericClient, key: &FenceKey) -> Result<(), ArbiterError> {
+    Schema::PUBLIC.add_fence_key(client, key).await
+}
+
+/// Removes the key `key_id` from `public`; `true` if it was installed. With
+/// the last key gone, fences are no longer checked.
+pub async fn remove_fence_key(client: &impl GenericClient, key_id: &str) -> Result<bool, ArbiterError> {
+    Schema::PUBLIC.remove_fence_key(client, key_id).await
+}
+
+/// The ids of the keys installed in `public`, sorted (never the secrets).
+pub async fn fence_key_ids(client: &impl GenericClient) -> Result<Vec<String>, ArbiterError> {
+    Schema::PUBLIC.fence_key_ids(client).await
+}
+
 /// Maps a PostgreSQL error to ours: `LF001` becomes [`ArbiterError::Stale`]
-/// (parsed from the DETAIL), `LF002` [`ArbiterError::Invalid`], an undefined
+/// (parsed from the DETAIL), `LF004` [`ArbiterError::BadSignature`], `LF002`
+/// [`ArbiterError::Invalid`], an undefined
 /// `leasefence_admit` or table [`ArbiterError::NotInstalled`].
 pub(crate) fn classify(e: tokio_postgres::Error) -> ArbiterError {
     let Some(db) = e.as_db_error() else {
@@ -246,6 +281,17 @@ pub(crate) fn classify(e: tokio_postgres::Error) -> ArbiterError {
                 backend: BACKEND,
                 message: format!(
                     "unparseable {SQLSTATE_STALE} rejection: {} / {:?}",
+                    db.message(),
+                    db.detail()
+                ),
+            },
+        },
+        SQLSTATE_BAD_SIGNATURE => match parse_signature_detail(db.detail().unwrap_or_default()) {
+            Some((resource, reason)) => ArbiterError::BadSignature { resource, reason },
+            None => ArbiterError::Protocol {
+                backend: BACKEND,
+                message: format!(
+                    "unparseable {SQLSTATE_BAD_SIGNATURE} refusal: {} / {:?}",
                     db.message(),
                     db.detail()
                 ),
@@ -271,9 +317,31 @@ fn parse_stale_detail(detail: &str) -> Option<Stale> {
     })
 }
 
+/// Parses `reason=R key=K resource=NAME` (the resource last: it may contain
+/// spaces; key ids never do).
+fn parse_signature_detail(detail: &str) -> Option<(ResourceId, SignatureError)> {
+    let rest = detail.strip_prefix("reason=")?;
+    let (reason, rest) = rest.split_once(" key=")?;
+    let (key, resource) = rest.split_once(" resource=")?;
+    Some((
+        ResourceId::new(resource).ok()?,
+        SignatureError::from_reason(reason, key)?,
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn signature_detail_parses_every_reason() {
+        let (r, e) = parse_signature_detail("reason=unknown_key key=k2 resource=a b key=c").expect("parses");
+        assert_eq!((r.as_str(), e), ("a b key=c", SignatureError::UnknownKey("k2".into())));
+        let (_, e) = parse_signature_detail("reason=missing key= resource=r").expect("parses");
+        assert_eq!(e, SignatureError::Missing);
+        assert!(parse_signature_detail("reason=stale key= resource=r").is_none());
+        assert!(parse_signature_detail("reason=mismatch key=k resource=").is_none());
+    }
 
     #[test]
     fn stale_detail_round_trips_resources_with_spaces() {

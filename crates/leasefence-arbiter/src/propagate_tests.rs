@@ -4,7 +4,9 @@
 use std::collections::HashMap;
 
 use http::HeaderMap;
-use leasefence_core::{ENV_RESOURCE, ENV_TOKEN, Fence, HEADER_RESOURCE, HEADER_TOKEN, ResourceId, Token};
+use leasefence_core::{
+    ENV_RESOURCE, ENV_SIGNATURE, ENV_TOKEN, Fence, HEADER_RESOURCE, HEADER_SIGNATURE, HEADER_TOKEN, ResourceId, Token,
+};
 
 use super::*;
 
@@ -85,7 +87,7 @@ fn headers_none_half_repeated_and_malformed() {
 fn pairs_round_trip_case_insensitively_among_other_headers() {
     let f = fence("jobs/9", 12);
     let mut msg: Vec<(String, String)> = vec![("trace-id".into(), "abc".into())];
-    msg.extend(fence_to_pairs(&f).map(|(k, v)| (k.to_string(), v)));
+    msg.extend(fence_to_pairs(&f).into_iter().map(|(k, v)| (k.to_string(), v)));
     assert_eq!(fence_from_pairs(msg.iter().map(|(k, v)| (k, v))), Ok(Some(f.clone())));
     let shouted = [("LeaseFence-Resource", "jobs/9"), ("LEASEFENCE-TOKEN", "12")];
     assert_eq!(fence_from_pairs(shouted), Ok(Some(f)));
@@ -157,4 +159,61 @@ fn env_vars_reach_a_child_process_and_parse_back() {
             .map(|(_, v)| Ok::<_, ()>(v.clone()))
     };
     assert_eq!(fence_from_env_with(lookup), Ok(Some(f)));
+}
+
+const SIG: &str = "v1.k1.e9d6d246fc1171046eaf57e3e2be6ba3066beda8fbddea47947ee6f5b6603414";
+
+#[test]
+fn signatures_travel_through_every_carrier() {
+    let signed = fence("orders/ü", 7).with_signature(SIG);
+    let mut h = HeaderMap::new();
+    fence_to_headers(&signed, &mut h).expect("attach");
+    assert_eq!(h.get(HEADER_SIGNATURE).map(|v| v.as_bytes()), Some(SIG.as_bytes()));
+    assert_eq!(fence_from_headers(&h), Ok(Some(signed.clone())));
+    // An unsigned fence attached over a signed one takes the old signature away.
+    fence_to_headers(&fence("orders/ü", 8), &mut h).expect("attach unsigned");
+    assert_eq!(h.get(HEADER_SIGNATURE), None);
+    assert_eq!(fence_from_headers(&h), Ok(Some(fence("orders/ü", 8))));
+
+    let pairs = fence_to_pairs(&signed);
+    assert_eq!(pairs.len(), 3);
+    let upper: Vec<(String, String)> = pairs.iter().map(|(k, v)| (k.to_uppercase(), v.clone())).collect();
+    assert_eq!(fence_from_pairs(upper), Ok(Some(signed.clone())));
+    assert_eq!(fence_to_pairs(&fence("r", 1)).len(), 2);
+
+    let vars = fence_to_env(&signed);
+    assert!(vars.iter().any(|(k, v)| *k == ENV_SIGNATURE && v == SIG));
+    let lookup: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    assert_eq!(fence_from_env_with(env(&lookup)), Ok(Some(signed)));
+}
+
+#[test]
+fn a_signature_without_a_fence_or_unprintable_is_refused() {
+    let e = fence_from_pairs([(HEADER_SIGNATURE, SIG)]).expect_err("signature alone");
+    assert!(e.to_string().contains("a signature belongs to a fence"), "{e}");
+    let e = fence_from_env_with(env(&[(ENV_SIGNATURE, SIG)])).expect_err("signature alone");
+    assert!(e.to_string().contains(ENV_SIGNATURE), "{e}");
+    let long = "v".repeat(300);
+    for bad in ["v1 k1", "v1.k1.\u{e9}", &long[..]] {
+        let pairs = [(HEADER_RESOURCE, "r"), (HEADER_TOKEN, "1"), (HEADER_SIGNATURE, bad)];
+        let e = fence_from_pairs(pairs).expect_err(bad);
+        assert_eq!(e.field(), "signature", "{bad:?}: {e}");
+    }
+    let pairs = [
+        (HEADER_RESOURCE, "r"),
+        (HEADER_TOKEN, "1"),
+        (HEADER_SIGNATURE, SIG),
+        (HEADER_SIGNATURE, SIG),
+    ];
+    assert!(
+        fence_from_pairs(pairs)
+            .expect_err("repeated")
+            .to_string()
+            .contains("more than once")
+    );
+    let mut h = HeaderMap::new();
+    fence_to_headers(&fence("r", 1), &mut h).expect("attach");
+    h.append(HEADER_SIGNATURE, SIG.parse().expect("value"));
+    h.append(HEADER_SIGNATURE, SIG.parse().expect("value"));
+    assert!(fence_from_headers(&h).is_err());
 }

@@ -8,12 +8,18 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use leasefence_core::Stale;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 use leasefence_core::{Invalid, Token};
+#[cfg(any(feature = "postgres", feature = "redis", feature = "embedded"))]
+use leasefence_core::{ResourceId, signing::SignatureError};
 
 use crate::ArbiterError;
 
 /// Counter incremented once per rejected effect, labelled `backend` (and
 /// `prefix` once [`set_rejection_prefix_segments`] configured it).
 pub const REJECTIONS_METRIC: &str = "leasefence_arbiter_rejections_total";
+
+/// Counter incremented once per fence refused for its signature, labelled
+/// `backend` and `reason` (`missing`, `malformed`, `unknown_key`, `mismatch`).
+pub const SIGNATURE_REFUSALS_METRIC: &str = "leasefence_arbiter_signature_refusals_total";
 
 static PREFIX_SEGMENTS: AtomicUsize = AtomicUsize::new(0);
 
@@ -52,11 +58,26 @@ pub(crate) fn rejected(backend: &'static str, stale: Stale) -> ArbiterError {
     ArbiterError::Stale(stale)
 }
 
-/// Counts and logs the error if it is a rejection; passes it through.
+/// Counts and logs a fence refused for its signature, and returns it as the
+/// typed error. The signature itself is not logged.
+#[cfg(any(feature = "postgres", feature = "redis", feature = "embedded"))]
+pub(crate) fn refused(backend: &'static str, resource: ResourceId, reason: SignatureError) -> ArbiterError {
+    metrics::counter!(SIGNATURE_REFUSALS_METRIC, "backend" => backend, "reason" => reason.reason()).increment(1);
+    tracing::warn!(
+        backend,
+        resource = %resource,
+        reason = reason.reason(),
+        "fenced effect refused: bad fence signature"
+    );
+    ArbiterError::BadSignature { resource, reason }
+}
+
+/// Counts and logs the error if it is a rejection or a refusal; passes it through.
 #[cfg(any(feature = "postgres", feature = "redis"))]
 pub(crate) fn observe(backend: &'static str, e: ArbiterError) -> ArbiterError {
     match e {
         ArbiterError::Stale(s) => rejected(backend, s),
+        ArbiterError::BadSignature { resource, reason } => refused(backend, resource, reason),
         other => other,
     }
 }

@@ -6,9 +6,10 @@ mod common;
 use std::sync::Arc;
 
 use common::{fence, unique_resource};
+use leasefence_arbiter::conformance::SuiteKeys;
 use leasefence_arbiter::embedded::EmbeddedArbiter;
 use leasefence_arbiter::targets::EmbeddedTarget;
-use leasefence_arbiter::{ArbiterError, FenceMode, REJECTIONS_METRIC};
+use leasefence_arbiter::{ArbiterError, FenceMode, REJECTIONS_METRIC, SIGNATURE_REFUSALS_METRIC, Verifier};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
 async fn target() -> Option<(Arc<EmbeddedTarget>, tempfile::TempDir)> {
@@ -17,10 +18,61 @@ async fn target() -> Option<(Arc<EmbeddedTarget>, tempfile::TempDir)> {
     Some((Arc::new(EmbeddedTarget::new(Arc::new(arbiter))), dir))
 }
 
+async fn signed_target(verifier: Verifier) -> Option<(Arc<EmbeddedTarget>, tempfile::TempDir)> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let arbiter = EmbeddedArbiter::open(&dir.path().join("signed.redb")).expect("open");
+    let arbiter = arbiter.require_signatures(verifier);
+    Some((Arc::new(EmbeddedTarget::new(Arc::new(arbiter))), dir))
+}
+
 mod suite {
     use super::*;
     conformance_tests!(target());
     pause_kit_test!(pause_kit, target(), 25);
+    signed_fences_test!(signed_fences, signed_target);
+}
+
+#[test]
+fn signature_refusals_are_counted_by_reason() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let keys = SuiteKeys::generate();
+    let a = EmbeddedArbiter::open(&dir.path().join("refusals.redb"))
+        .expect("open")
+        .require_signatures(keys.verifier());
+    let r = unique_resource("embedded-refusals");
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let f = fence(&r, 3);
+        let sig = keys.current.sign(&f);
+        assert!(a.put(&f, FenceMode::Strict, "k", b"unsigned").is_err());
+        assert!(
+            a.put(&f.clone().with_signature("v1.x"), FenceMode::Strict, "k", b"bad")
+                .is_err()
+        );
+        assert!(
+            a.put(
+                &fence(&r, 4).with_signature(sig.clone()),
+                FenceMode::Strict,
+                "k",
+                b"replayed"
+            )
+            .is_err()
+        );
+        a.put(&f.with_signature(sig), FenceMode::Strict, "k", b"signed")
+            .expect("signed");
+    });
+    let mut counters: Vec<_> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(k, ..)| k.key().name() == SIGNATURE_REFUSALS_METRIC)
+        .map(|(k, _, _, v)| (k.key().labels().map(|l| l.value().to_string()).collect::<Vec<_>>(), v))
+        .collect();
+    counters.sort_by(|a, b| a.0.cmp(&b.0));
+    let one = |reason: &str| (vec!["embedded".to_string(), reason.to_string()], DebugValue::Counter(1));
+    assert_eq!(counters, vec![one("malformed"), one("mismatch"), one("missing")]);
+    assert_eq!(a.get("k").expect("get").as_deref(), Some(&b"signed"[..]));
 }
 
 #[test]

@@ -9,7 +9,7 @@ mod gateway_common;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use gateway_common::{Go, Running, content, files_in, hex_sha256, put, start, start_in};
+use gateway_common::{Go, Running, content, files_in, hex_sha256, put, start, start_in, start_signed};
 use leasefence_arbiter::conformance;
 use leasefence_arbiter::pause_check;
 use leasefence_arbiter::targets::GatewayTarget;
@@ -26,6 +26,47 @@ async fn gateway_passes_the_conformance_suite() {
         0,
         "aborted bodies leave no temp file"
     );
+}
+
+/// With `--fence-key`, the signed-fence scenario; a refusal is a 403 whose
+/// body names the reason, and nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn gateway_with_fence_keys_refuses_unsigned_and_forged_fences() {
+    use leasefence_arbiter::ConformanceTarget;
+    let keys = conformance::SuiteKeys::generate();
+    let g = start_signed(keys.verifier()).await;
+    let target = GatewayTarget::connect(&g.url)
+        .await
+        .expect("connect")
+        .with_signer(keys.current.clone());
+    conformance::signed_fences(&target, &keys).await;
+    target.cleanup().await.expect("cleanup");
+
+    let c = reqwest::Client::new();
+    let resp = put(&c, &g, "signed/raw", "signed/raw", 1).body("x").go().await;
+    assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+    let body: Value = resp.json().await.expect("json");
+    assert_eq!(
+        (&body["error"], &body["reason"], &body["resource"]),
+        (
+            &Value::from("bad_signature"),
+            &Value::from("missing"),
+            &Value::from("signed/raw")
+        )
+    );
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("leasefence-signature"),
+        "{body}"
+    );
+    let resp = c
+        .get(format!("{}/objects/signed%2Fraw", g.url))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND, "a refused PUT writes nothing");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

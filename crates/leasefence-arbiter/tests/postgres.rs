@@ -400,7 +400,7 @@ async fn install_upgrades_v1_refuses_newer_and_ignores_callers_search_path() {
     // What version 1 left behind: the function pinned with SET search_path,
     // CHECK constraints on the fence table.
     c.batch_execute(&format!(
-        "ALTER FUNCTION {schema}.leasefence_admit(text, bigint, text) SET search_path = {schema}, pg_temp;
+        "ALTER FUNCTION {schema}.leasefence_admit(text, bigint, text, text) SET search_path = {schema}, pg_temp;
          ALTER TABLE {schema}.leasefence_fences
              ADD CONSTRAINT leasefence_fences_resource_check CHECK (octet_length(resource) BETWEEN 1 AND 512),
              ADD CONSTRAINT leasefence_fences_last_token_check CHECK (last_token >= 1),
@@ -416,7 +416,7 @@ async fn install_upgrades_v1_refuses_newer_and_ignores_callers_search_path() {
     );
     let config: Option<Vec<String>> = c
         .query_one(
-            &format!("SELECT proconfig FROM pg_proc WHERE oid = '{schema}.leasefence_admit(text, bigint, text)'::regprocedure"),
+            &format!("SELECT proconfig FROM pg_proc WHERE oid = '{schema}.leasefence_admit(text, bigint, text, text)'::regprocedure"),
             &[],
         )
         .await

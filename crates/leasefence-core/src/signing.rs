@@ -124,6 +124,34 @@ pub enum SignatureError {
     Mismatch,
 }
 
+impl SignatureError {
+    /// A short, stable name of the reason, for metric labels and for the
+    /// refusals of arbiters that live in another process (the PostgreSQL
+    /// function, the Redis library and module): `missing`, `malformed`,
+    /// `unknown_key`, `mismatch`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            SignatureError::Missing => "missing",
+            SignatureError::Malformed(_) => "malformed",
+            SignatureError::UnknownKey(_) => "unknown_key",
+            SignatureError::Mismatch => "mismatch",
+        }
+    }
+
+    /// The error [`reason`](Self::reason) names, as an arbiter in another
+    /// process reports it (`key_id` for `unknown_key`); `None` for a name
+    /// that is not a reason.
+    pub fn from_reason(reason: &str, key_id: &str) -> Option<SignatureError> {
+        Some(match reason {
+            "missing" => SignatureError::Missing,
+            "malformed" => SignatureError::Malformed("expected `v1.<key id>.<64 lowercase hex digits>`"),
+            "unknown_key" => SignatureError::UnknownKey(key_id.to_string()),
+            "mismatch" => SignatureError::Mismatch,
+            _ => return None,
+        })
+    }
+}
+
 /// The keys an arbiter accepts: one, or two during a rotation.
 #[derive(Clone, Debug)]
 pub struct Verifier {
@@ -285,6 +313,20 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    #[test]
+    fn reasons_round_trip() {
+        for e in [
+            SignatureError::Missing,
+            SignatureError::UnknownKey("k9".into()),
+            SignatureError::Mismatch,
+        ] {
+            assert_eq!(SignatureError::from_reason(e.reason(), "k9"), Some(e));
+        }
+        let m = SignatureError::from_reason("malformed", "").expect("a reason");
+        assert_eq!(m.reason(), "malformed");
+        assert_eq!(SignatureError::from_reason("stale", ""), None);
     }
 
     #[test]

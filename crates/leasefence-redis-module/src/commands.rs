@@ -9,8 +9,15 @@
 //! LEASEFENCE.DEL  FENCE KEY [KEY ...] TOKEN MODE                                        -> keys removed
 //! LEASEFENCE.HSET FENCE KEY TOKEN MODE FIELD VALUE [FIELD VALUE ...]                    -> fields added
 //! LEASEFENCE.XADD FENCE STREAM TOKEN MODE [OPTIONS] ID FIELD VALUE [FIELD VALUE ...]    -> entry id or nil
-//! LEASEFENCE.VERSION                                                                    -> "2"
+//! LEASEFENCE.VERSION                                                                    -> "3"
+//! LEASEFENCE.KEY.ADD ID HEX     -> OK          (signed fences, see crate::signing)
+//! LEASEFENCE.KEY.REMOVE ID      -> 1 or 0
+//! LEASEFENCE.KEY.LIST           -> the key ids
 //! ```
+//!
+//! MODE may be followed by one space and the fence's signature (`strict
+//! v1.<key id>.<hex>`); once a key is installed, a call without a valid one
+//! fails with `-BADSIG <reason> <key id or -> <resource>` and writes nothing.
 //!
 //! A stale call fails with `-STALE <presented> <current> <resource>`, bad
 //! arguments with `-LFINVALID <reason>`, a fence key holding something other
@@ -34,9 +41,10 @@ use leasefence_core::Token;
 
 use crate::args::{self, Expiry};
 use crate::ffi::{self, Ctx, RString, api, bytes};
+use crate::signing::{self, KEYS};
 
 /// The module's calling-convention version, reported by `LEASEFENCE.VERSION`.
-pub const VERSION: &CStr = c"2";
+pub const VERSION: &CStr = c"3";
 
 const BAD_FENCE: &CStr = c"LFINVALID FENCE must be the fence key leasefence:fence:{RESOURCE}";
 const BAD_TOKEN: &CStr = c"LFINVALID token must be a decimal integer in 1..18446744073709551615";
@@ -70,9 +78,17 @@ fn check(ctx: *mut Ctx, fence: *mut RString, token: *mut RString, mode: *mut RSt
     let Some(presented) = args::token(token_text) else {
         return Err(reply_error(ctx, BAD_TOKEN));
     };
+    let (mode_text, signature) = signing::split_mode(mode_text);
     let Some(mode) = args::mode(mode_text) else {
         return Err(reply_error(ctx, BAD_MODE));
     };
+    let checked = match KEYS.lock() {
+        Ok(keys) => keys.check(resource, presented, signature),
+        Err(_) => Err("ERR the fence key store is poisoned; restart the server".to_string()),
+    };
+    if let Err(reply) = checked {
+        return Err(reply_owned_error(ctx, reply));
+    }
     let current = match recorded(ctx, fence) {
         Ok(c) => c,
         Err(()) => {
@@ -355,6 +371,57 @@ pub unsafe extern "C" fn xadd(ctx: *mut Ctx, argv_ptr: *mut *mut RString, argc: 
         return reply_error(ctx, XADD_USAGE);
     }
     one_key_call(ctx, a, c"XADD")
+}
+
+/// `LEASEFENCE.KEY.ADD ID HEX`.
+pub unsafe extern "C" fn key_add(ctx: *mut Ctx, argv_ptr: *mut *mut RString, argc: c_int) -> c_int {
+    // SAFETY: called by Redis as a command function.
+    let a = unsafe { argv(argv_ptr, argc) };
+    if a.len() != 3 {
+        return reply_error(ctx, c"LFINVALID usage: LEASEFENCE.KEY.ADD ID HEX");
+    }
+    // SAFETY: live argv strings.
+    let key = match signing::parse_key(unsafe { bytes(a[1]) }, unsafe { bytes(a[2]) }) {
+        Ok(k) => k,
+        Err(e) => return reply_owned_error(ctx, e),
+    };
+    let added = match KEYS.lock() {
+        Ok(mut keys) => keys.add(key),
+        Err(_) => Err("ERR the fence key store is poisoned; restart the server".to_string()),
+    };
+    match added {
+        // SAFETY: live context.
+        Ok(()) => unsafe { (api().reply_with_simple_string)(ctx, c"OK".as_ptr()) },
+        Err(e) => reply_owned_error(ctx, e),
+    }
+}
+
+/// `LEASEFENCE.KEY.REMOVE ID`.
+pub unsafe extern "C" fn key_remove(ctx: *mut Ctx, argv_ptr: *mut *mut RString, argc: c_int) -> c_int {
+    // SAFETY: called by Redis as a command function.
+    let a = unsafe { argv(argv_ptr, argc) };
+    if a.len() != 2 {
+        return reply_error(ctx, c"LFINVALID usage: LEASEFENCE.KEY.REMOVE ID");
+    }
+    // SAFETY: a live argv string.
+    let id = unsafe { bytes(a[1]) };
+    let removed = KEYS.lock().map(|mut keys| keys.remove(id)).unwrap_or(false);
+    // SAFETY: live context.
+    unsafe { (api().reply_with_long_long)(ctx, i64::from(removed)) }
+}
+
+/// `LEASEFENCE.KEY.LIST`.
+pub unsafe extern "C" fn key_list(ctx: *mut Ctx, _argv: *mut *mut RString, _argc: c_int) -> c_int {
+    let ids = KEYS.lock().map(|keys| keys.ids()).unwrap_or_default();
+    let api = api();
+    // SAFETY: live context; each buffer is valid for its length.
+    unsafe {
+        (api.reply_with_array)(ctx, ids.len() as std::ffi::c_long);
+        for id in &ids {
+            (api.reply_with_string_buffer)(ctx, id.as_ptr().cast(), id.len());
+        }
+    }
+    ffi::OK
 }
 
 /// `LEASEFENCE.VERSION`.

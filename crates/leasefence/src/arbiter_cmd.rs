@@ -1,9 +1,10 @@
-//! `leasefence arbiter install URL`, `leasefence arbiter check URL`, and
-//! `leasefence arbiter put URL KEY VALUE`.
+//! `leasefence arbiter install URL`, `leasefence arbiter check URL`,
+//! `leasefence arbiter put URL KEY VALUE`, and `leasefence arbiter key
+//! add|remove|list URL` (the keys that verify signed fences).
 //!
 //! `put` is the smallest fenced writer: it takes the fence from the
-//! environment (`LEASEFENCE_RESOURCE`, `LEASEFENCE_TOKEN`, as `leasefence run`
-//! sets them) and upserts `KEY = VALUE` into a key/value table through the
+//! environment (`LEASEFENCE_RESOURCE`, `LEASEFENCE_TOKEN` and, when the
+//! coordinator signs fences, `LEASEFENCE_SIGNATURE`, as `leasefence run` sets them) and upserts `KEY = VALUE` into a key/value table through the
 //! arbiter, recording every accepted write in a history table in the same
 //! transaction. It prints `accepted …` and exits 0, or prints
 //! `rejected: stale fencing token …` and exits 5 (stale). Tables, created on
@@ -15,7 +16,7 @@
 
 use clap::{Subcommand, ValueEnum};
 use leasefence_arbiter::redis::Via;
-use leasefence_arbiter::{ArbiterError, BackendUrl, Fence, FenceMode};
+use leasefence_arbiter::{ArbiterError, BackendUrl, Fence, FenceMode, KeyChange};
 use leasefence_core::{ENV_RESOURCE, ENV_SIGNATURE, ENV_TOKEN, Invalid};
 
 use crate::{CmdResult, Failure};
@@ -44,6 +45,24 @@ pub enum ArbiterCommand {
         #[arg(long, value_enum, default_value_t = Mode::Strict)]
         mode: Mode,
     },
+    /// The keys that verify signed fences (postgres://, redis://, redis+module://): once one is
+    /// installed, the arbiter refuses unsigned and forged fences. Two at most, for a rotation.
+    #[command(subcommand)]
+    Key(KeyCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum KeyCommand {
+    /// Install the key of a key file (`<key id>:<64 hex digits>`, as given to `serve --fence-key`).
+    Add {
+        url: String,
+        #[arg(long, value_name = "FILE")]
+        key_file: std::path::PathBuf,
+    },
+    /// Remove a key by its id (with the last one gone, fences are no longer checked).
+    Remove { url: String, key_id: String },
+    /// List the installed key ids.
+    List { url: String },
 }
 
 /// [`FenceMode`] for the command line.
@@ -68,6 +87,10 @@ fn failure(e: ArbiterError) -> Failure {
         // A server that can lose fences (Redis evicting fence keys): the
         // check failed before any trial.
         ArbiterError::UnsafeSettings { .. } => Failure::new(Failure::CHECK_FAILED, e),
+        ArbiterError::BadSignature { .. } => {
+            println!("refused: {e}");
+            Failure::new(Failure::CHECK_FAILED, e)
+        }
         ArbiterError::Stale(s) => {
             println!("rejected: {s}");
             Failure::new(
@@ -94,7 +117,40 @@ pub async fn run(c: ArbiterCommand) -> CmdResult {
             println!("accepted {key} under {fence}");
             Ok(())
         }
+        ArbiterCommand::Key(k) => key(k).await,
     }
+}
+
+async fn key(k: KeyCommand) -> CmdResult {
+    let (url, loaded);
+    let change = match &k {
+        KeyCommand::Add { url: u, key_file } => {
+            loaded = crate::gateway_cmd::read_key_file(key_file, "--key-file")?;
+            url = u;
+            KeyChange::Add(&loaded)
+        }
+        KeyCommand::Remove { url: u, key_id } => {
+            url = u;
+            KeyChange::Remove(key_id)
+        }
+        KeyCommand::List { url: u } => {
+            url = u;
+            KeyChange::List
+        }
+    };
+    let (changed, ids) = leasefence_arbiter::fence_keys(url, change).await.map_err(failure)?;
+    match change {
+        KeyChange::Add(key) => println!("installed fence key {}", key.id()),
+        KeyChange::Remove(id) if changed => println!("removed fence key {id}"),
+        KeyChange::Remove(id) => println!("no fence key {id} was installed"),
+        KeyChange::List => {}
+    }
+    if ids.is_empty() {
+        println!("no fence keys: fences are not checked");
+    } else {
+        println!("fence keys: {}", ids.join(", "));
+    }
+    Ok(())
 }
 
 async fn check(url: &str, trials: u32) -> CmdResult {

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use leasefence_arbiter::gateway::{Gateway, GatewayConfig, parse_size};
+use leasefence_arbiter::{FenceKey, Verifier};
 
 use crate::{CmdResult, Failure};
 
@@ -25,6 +26,32 @@ pub struct GatewayArgs {
     /// Listen beyond loopback anyway (put an authenticating proxy in front).
     #[arg(long)]
     pub insecure: bool,
+    /// A key file (`<key id>:<64 hex digits>`, the coordinator's `--fence-key`)
+    /// whose signatures writes must carry in `leasefence-signature`; give it
+    /// twice (old and new key) during a rotation. Unsigned or forged fences get 403.
+    #[arg(long = "fence-key", value_name = "FILE")]
+    pub fence_keys: Vec<PathBuf>,
+}
+
+/// The verifier of `--fence-key` files (none: no signature is required).
+pub(crate) fn fence_verifier(files: &[PathBuf], flag: &str) -> Result<Option<Verifier>, Failure> {
+    if files.is_empty() {
+        return Ok(None);
+    }
+    let mut keys = Vec::with_capacity(files.len());
+    for f in files {
+        keys.push(read_key_file(f, flag)?);
+    }
+    Verifier::new(keys)
+        .map(Some)
+        .map_err(|e| Failure::invalid(format!("{flag}: {}", e.message())))
+}
+
+/// One key file, its error naming the flag and the file (never the secret).
+pub(crate) fn read_key_file(path: &std::path::Path, flag: &str) -> Result<FenceKey, Failure> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Failure::invalid(format!("{flag} {}: cannot read it: {e}", path.display())))?;
+    FenceKey::parse(&text).map_err(|e| Failure::invalid(format!("{flag} {}: {}", path.display(), e.message())))
 }
 
 fn object_size(s: &str) -> Result<u64, String> {
@@ -47,15 +74,25 @@ pub async fn run(a: GatewayArgs) -> CmdResult {
     let config = GatewayConfig::new(a.listen, a.data_dir.clone())
         .with_object_size_max(a.object_size_max)
         .map_err(|e| Failure::invalid(format!("--object-size-max: {}", e.message())))?;
+    let config = match fence_verifier(&a.fence_keys, "--fence-key")? {
+        Some(keys) => config.with_fence_keys(keys),
+        None => config,
+    };
+    let signed = config.fence_keys().map_or(0, |v| v.keys().len());
     let gateway = Gateway::bind(config).await?;
     let (temp_files, orphan_blobs) = gateway.swept();
     // One line on stdout, so scripts (and tests) learn the port when --listen used port 0.
     println!(
-        "leasefence gateway listening on {} (data dir {}, objects up to {} bytes, swept {temp_files} temp \
-         files and {orphan_blobs} unreferenced blobs)",
+        "leasefence gateway listening on {} (data dir {}, objects up to {} bytes, {}, swept {temp_files} \
+         temp files and {orphan_blobs} unreferenced blobs)",
         gateway.local_addr()?,
         a.data_dir.display(),
-        a.object_size_max
+        a.object_size_max,
+        if signed == 0 {
+            "fences unsigned".to_string()
+        } else {
+            format!("fences signed with {signed} key(s)")
+        }
     );
     gateway.run(crate::serve::shutdown_signal()).await?;
     tracing::info!("stopped");

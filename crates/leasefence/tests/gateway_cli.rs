@@ -87,3 +87,84 @@ fn bad_flags_are_refused_with_what_is_allowed() {
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("cannot create the directory"), "{err}");
 }
+
+/// `--fence-key`: a write through `arbiter put` needs the signature in
+/// `LEASEFENCE_SIGNATURE` (refused with exit 5 and nothing written without
+/// it), and bad key files are refused at start naming the flag.
+#[test]
+fn a_gateway_with_a_fence_key_refuses_unsigned_writes() {
+    use leasefence_core::signing::FenceKey;
+    use leasefence_core::{Fence, ResourceId, Token};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let key = FenceKey::new("cli", [7; 32]).expect("key");
+    let key_file = dir.path().join("fence.key");
+    std::fs::write(&key_file, format!("{}\n", key.to_line())).expect("key file");
+    let data = dir.path().join("data");
+    let gateway = GatewayProc::start(&data, &["--fence-key", key_file.to_str().expect("utf-8")]);
+    let put = |signature: Option<&str>, token: &str| {
+        let mut cmd = std::process::Command::new(common::BIN);
+        cmd.args(["arbiter", "put", &gateway.url, "signed-key", "v"])
+            .env("LEASEFENCE_RESOURCE", "signed/cli")
+            .env("LEASEFENCE_TOKEN", token)
+            .env_remove("LEASEFENCE_SIGNATURE");
+        if let Some(s) = signature {
+            cmd.env("LEASEFENCE_SIGNATURE", s);
+        }
+        let out = cmd.output().expect("run leasefence");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let fence = Fence::new(ResourceId::new("signed/cli").expect("r"), Token::new(3).expect("t"));
+    let (code, out) = put(None, "3");
+    assert_eq!(code, 5, "{out}");
+    assert!(out.contains("refused") && out.contains("no signature"), "{out}");
+    let (code, out) = put(Some(&key.sign(&fence)), "4");
+    assert_eq!(code, 5, "a signature for token 3 does not sign token 4: {out}");
+    let (code, out) = put(Some(&key.sign(&fence)), "3");
+    assert_eq!(code, 0, "{out}");
+
+    let d = dir.path().join("other");
+    let d = d.to_str().expect("utf-8");
+    let k = key_file.to_str().expect("utf-8");
+    let bad = dir.path().join("bad.key");
+    std::fs::write(&bad, "cli:abcd\n").expect("bad key file");
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["gateway", "--data-dir", d, "--fence-key", "/nonexistent/k"],
+            "cannot read it",
+        ),
+        (
+            &["gateway", "--data-dir", d, "--fence-key", bad.to_str().expect("utf-8")],
+            "64 hex digits",
+        ),
+        (
+            &[
+                "gateway",
+                "--data-dir",
+                d,
+                "--fence-key",
+                k,
+                "--fence-key",
+                k,
+                "--fence-key",
+                k,
+            ],
+            "1..=2 keys",
+        ),
+        (
+            &["gateway", "--data-dir", d, "--fence-key", k, "--fence-key", k],
+            "same id",
+        ),
+    ];
+    for (args, says) in cases {
+        let (code, _, err) = cli(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(
+            err.contains(says) && err.contains("--fence-key"),
+            "{args:?}: {err:?} must mention {says:?}"
+        );
+        assert!(!err.contains(&key.to_line()[4..]), "the secret is never shown: {err}");
+    }
+}

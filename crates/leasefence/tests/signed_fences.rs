@@ -1,12 +1,15 @@
 //! `serve --fence-key`: every grant and renewal carries the coordinator's
 //! signature over its fence, on HTTP, on gRPC (through the Rust client) and
 //! into a `run` child's environment; without a key nothing is signed and no
-//! stale signature leaks into a child. Key files are checked at start.
+//! stale signature leaks into a child. Key files are checked at start. End to
+//! end, a `run` child's write reaches a gateway holding the key, and the same
+//! write with a made-up token is refused there.
 
 mod common;
 
 use std::path::Path;
 
+use common::gateway::GatewayProc;
 use common::{BIN, Coordinator, cli};
 use leasefence_core::signing::{FenceKey, Verifier};
 use leasefence_core::{Fence, ResourceId, Token};
@@ -133,4 +136,27 @@ fn a_missing_or_malformed_key_file_stops_serve_with_the_reason() {
     let (code, _, err) = cli(&["fence-key", "new", "--id", "Not Valid"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("[a-z0-9_-]"), "{err}");
+}
+
+#[test]
+fn a_signed_grant_writes_through_a_gateway_that_holds_the_key_and_a_made_up_token_does_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let (key_path, _) = new_key(dir.path(), "e2e");
+    let key_arg = key_path.to_str().unwrap();
+    let c = Coordinator::start(&dir.path().join("data"), &["--fence-key", key_arg]);
+    let gateway = GatewayProc::start(&dir.path().join("gw"), &["--fence-key", key_arg]);
+    for i in 0..5 {
+        let put = format!("{BIN} arbiter put {} e2e-object v{i}", gateway.url);
+        let (code, out, err) = cli(&[
+            "run", "e2e/r", "--ttl", "2s", "--server", &c.url, "--", "sh", "-c", &put,
+        ]);
+        assert_eq!(code, 0, "a signed grant writes: {out}{err}");
+        // The same child, lying about its token: the signature no longer matches.
+        let forged = format!("LEASEFENCE_TOKEN=999999999 {put}");
+        let (code, out, _) = cli(&[
+            "run", "e2e/r", "--ttl", "2s", "--server", &c.url, "--", "sh", "-c", &forged,
+        ]);
+        assert_eq!(code, 5, "a made-up token is refused by the gateway: {out}");
+        assert!(out.contains("refused"), "{out}");
+    }
 }

@@ -3,7 +3,8 @@
 //! (percent-encoded keys, the 409 body as a typed [`Stale`], transport
 //! errors with their causes).
 
-use leasefence_core::{Fence, FenceMode, HEADER_RESOURCE, HEADER_TOKEN, ResourceId, Stale, Token};
+use leasefence_core::signing::SignatureError;
+use leasefence_core::{Fence, FenceMode, HEADER_RESOURCE, HEADER_SIGNATURE, HEADER_TOKEN, ResourceId, Stale, Token};
 use reqwest::StatusCode;
 use serde_json::Value;
 
@@ -54,26 +55,41 @@ pub(crate) fn stale_from(url: &str, body: Value) -> Result<Stale, ArbiterError> 
     }
 }
 
+/// The typed refusal in a 403's JSON (`bad_signature`).
+pub(crate) fn bad_signature_from(url: &str, body: Value) -> ArbiterError {
+    let resource = body["resource"].as_str().and_then(|r| ResourceId::new(r).ok());
+    let key = body["key"].as_str().unwrap_or_default();
+    let reason = body["reason"]
+        .as_str()
+        .and_then(|r| SignatureError::from_reason(r, key));
+    match (body["error"].as_str(), resource, reason) {
+        (Some("bad_signature"), Some(resource), Some(reason)) => ArbiterError::BadSignature { resource, reason },
+        _ => gw(format!("{url}: 403 without a signature refusal: {body}")),
+    }
+}
+
 /// `PUT {base}/objects/{key}` of `body` under `fence`; returns the new ETag.
-/// A stale fence is [`ArbiterError::Stale`]; any other refusal an
+/// A stale fence is [`ArbiterError::Stale`], a refused signature
+/// [`ArbiterError::BadSignature`]; any other refusal an
 /// [`ArbiterError::Gateway`] with the gateway's message.
 pub async fn put(base: &str, fence: &Fence, mode: FenceMode, key: &str, body: Vec<u8>) -> Result<String, ArbiterError> {
     let url = format!("{}/objects/{}", base.trim_end_matches('/'), encode_path(key));
-    let resp = reqwest::Client::new()
+    let mut req = reqwest::Client::new()
         .put(&url)
         .header(HEADER_RESOURCE, fence.resource.as_str())
         .header(HEADER_TOKEN, fence.token.get())
-        .header(HEADER_MODE, mode.as_str())
-        .body(body)
-        .send()
-        .await
-        .map_err(|e| transport(&url, e))?;
+        .header(HEADER_MODE, mode.as_str());
+    if let Some(signature) = &fence.signature {
+        req = req.header(HEADER_SIGNATURE, signature);
+    }
+    let resp = req.body(body).send().await.map_err(|e| transport(&url, e))?;
     match resp.status() {
         StatusCode::OK | StatusCode::CREATED => {
             let etag = resp.headers().get("etag").and_then(|v| v.to_str().ok());
             Ok(etag.unwrap_or_default().to_string())
         }
         StatusCode::CONFLICT => Err(stale_from(&url, resp.json().await.unwrap_or(Value::Null))?.into()),
+        StatusCode::FORBIDDEN => Err(bad_signature_from(&url, resp.json().await.unwrap_or(Value::Null))),
         other => {
             let body: Value = resp.json().await.unwrap_or(Value::Null);
             let msg = body["message"]

@@ -5,18 +5,21 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use leasefence_core::Invalid;
+use leasefence_core::signing::Verifier;
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * KIB;
 const GIB: u64 = 1024 * MIB;
 const TIB: u64 = 1024 * GIB;
 
-/// Where the gateway listens, where it keeps its data, and how large an object may be.
+/// Where the gateway listens, where it keeps its data, how large an object
+/// may be, and the keys a fence must be signed with (if any).
 #[derive(Clone, Debug)]
 pub struct GatewayConfig {
     listen: SocketAddr,
     data_dir: PathBuf,
     object_size_max: u64,
+    fence_keys: Option<Verifier>,
 }
 
 impl GatewayConfig {
@@ -31,7 +34,20 @@ impl GatewayConfig {
             listen,
             data_dir: data_dir.into(),
             object_size_max: Self::OBJECT_SIZE_MAX_DEFAULT,
+            fence_keys: None,
         }
+    }
+
+    /// Refuses every write whose fence is not signed with one of `keys`
+    /// (403 `bad_signature`): unsigned, malformed, under another key, or
+    /// signed for another resource or token.
+    pub fn with_fence_keys(mut self, keys: Verifier) -> GatewayConfig {
+        self.fence_keys = Some(keys);
+        self
+    }
+
+    pub fn fence_keys(&self) -> Option<&Verifier> {
+        self.fence_keys.as_ref()
     }
 
     /// Objects larger than `bytes` are refused with 413; 1..=1 TiB.

@@ -5,7 +5,8 @@
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use leasefence_core::{HEADER_RESOURCE, HEADER_TOKEN, Invalid, Stale};
+use leasefence_core::signing::SignatureError;
+use leasefence_core::{HEADER_RESOURCE, HEADER_SIGNATURE, HEADER_TOKEN, Invalid, ResourceId, Stale};
 use serde_json::json;
 
 use super::precondition::PreconditionFailed;
@@ -22,6 +23,13 @@ pub(crate) enum Refusal {
     FenceRequired,
     /// 409: the fence is stale.
     Stale(Stale),
+    /// 403: the gateway holds fence keys and the fence is not signed with
+    /// one of them (a forged or replayed fence). Not 409: no newer token
+    /// helps, only the coordinator's signature does.
+    BadSignature {
+        resource: ResourceId,
+        reason: SignatureError,
+    },
     /// 412: `If-Match` / `If-None-Match` does not hold.
     Precondition(PreconditionFailed),
     /// 413: the body is (or says it is) larger than the limit.
@@ -42,6 +50,7 @@ impl From<ArbiterError> for Refusal {
     fn from(e: ArbiterError) -> Refusal {
         match e {
             ArbiterError::Stale(s) => Refusal::Stale(s),
+            ArbiterError::BadSignature { resource, reason } => Refusal::BadSignature { resource, reason },
             ArbiterError::Invalid(i) => Refusal::Invalid(i),
             other => Refusal::Internal(other.to_string()),
         }
@@ -59,6 +68,7 @@ fn fence_header(i: &Invalid) -> &'static str {
     match i.field() {
         "token" => HEADER_TOKEN,
         "resource" => HEADER_RESOURCE,
+        "signature" => HEADER_SIGNATURE,
         _ if i.message().starts_with(HEADER_TOKEN) => HEADER_TOKEN,
         _ if i.message().starts_with(HEADER_RESOURCE) && !i.message().contains(" is set but ") => HEADER_RESOURCE,
         _ => "leasefence-resource, leasefence-token",
@@ -87,6 +97,18 @@ impl IntoResponse for Refusal {
                 json!({"error": "stale", "resource": s.resource.as_str(), "presented": s.presented.get(),
                        "current": s.current.get(), "message": s.to_string()}),
             ),
+            Refusal::BadSignature { resource, reason } => {
+                let key = match &reason {
+                    SignatureError::UnknownKey(id) => Some(id.clone()),
+                    _ => None,
+                };
+                (
+                    StatusCode::FORBIDDEN,
+                    json!({"error": "bad_signature", "resource": resource.as_str(), "reason": reason.reason(),
+                           "key": key, "message": format!("fence for {resource} refused: {reason}; send the \
+                           {HEADER_SIGNATURE} header the coordinator issued with this fence")}),
+                )
+            }
             Refusal::Precondition(p) => (
                 StatusCode::PRECONDITION_FAILED,
                 json!({"error": "precondition_failed", "header": p.header,

@@ -121,7 +121,10 @@ impl Store {
             std::fs::create_dir_all(&sub).map_err(io_err("cannot create the directory", &sub))?;
         }
         let arbiter = match EmbeddedArbiter::open(&dir.join(DB_FILE)) {
-            Ok(a) => a.labelled(BACKEND),
+            Ok(a) => match config.fence_keys() {
+                Some(keys) => a.labelled(BACKEND).require_signatures(keys.clone()),
+                None => a.labelled(BACKEND),
+            },
             Err(ArbiterError::Embedded(redb::Error::DatabaseAlreadyOpen)) => {
                 return Err(GatewayError::InUse {
                     path: dir.display().to_string(),
@@ -301,10 +304,11 @@ impl Store {
         self.arbiter.last_token(resource)
     }
 
-    /// The rule against the recorded token, before a body is received: a
-    /// stale writer is refused without sending its bytes. The commit checks
+    /// The signature and the rule against the recorded token, before a body
+    /// is received: a forged or stale writer is refused without sending its bytes. The commit checks
     /// again; this only saves the upload.
     pub(crate) fn precheck(&self, fence: &Fence, mode: FenceMode) -> Result<(), ArbiterError> {
+        self.arbiter.check_signature(fence)?;
         let current = self.last_token(&fence.resource)?;
         leasefence_core::admit(mode, &fence.resource, current, fence.token)
             .map_err(|stale| crate::reject::rejected(BACKEND, stale))

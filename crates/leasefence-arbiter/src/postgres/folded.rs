@@ -48,14 +48,28 @@ pub const FENCE_CTE: &str = "leasefence_fence";
 /// `WITH` can be fenced: `SELECT`, `INSERT`, `UPDATE`, `DELETE`, `VALUES`
 /// (PostgreSQL 15 and older refuse `WITH` before `MERGE`). The fence is the
 /// one in `public`; [`Schema::fold_fence`] folds another schema's.
+///
+/// The fence carries no signature: once fence keys are installed, use
+/// [`fold_fence_signed`].
 pub fn fold_fence(sql: &str, user_params: usize) -> Result<String, Invalid> {
     Schema::PUBLIC.fold_fence(sql, user_params)
+}
+
+/// [`fold_fence`] with a fourth fence parameter, `$n+4`: the fence's
+/// signature (`text`, NULL for none). [`FencedStatement`] folds this one.
+pub fn fold_fence_signed(sql: &str, user_params: usize) -> Result<String, Invalid> {
+    Schema::PUBLIC.fold_fence_signed(sql, user_params)
 }
 
 impl Schema {
     /// [`fold_fence`] with this schema's fence.
     pub fn fold_fence(&self, sql: &str, user_params: usize) -> Result<String, Invalid> {
-        fold(self, sql, user_params)
+        fold(self, sql, user_params, false)
+    }
+
+    /// [`fold_fence_signed`] with this schema's fence.
+    pub fn fold_fence_signed(&self, sql: &str, user_params: usize) -> Result<String, Invalid> {
+        fold(self, sql, user_params, true)
     }
 
     /// [`FencedStatement::prepare`] with this schema's fence.
@@ -65,7 +79,7 @@ impl Schema {
         sql: &str,
     ) -> Result<FencedStatement, ArbiterError> {
         let user = client.prepare(sql).await?;
-        let folded = self.fold_fence(sql, user.params().len())?;
+        let folded = self.fold_fence_signed(sql, user.params().len())?;
         let statement = client.prepare(&folded).await.map_err(|e| self.cannot_fold(sql, e))?;
         Ok(FencedStatement {
             statement,
@@ -80,7 +94,7 @@ impl Schema {
         sql: &str,
     ) -> Result<FencedStatement, ArbiterError> {
         let user = client.prepare_cached(sql).await?;
-        let folded = self.fold_fence(sql, user.params().len())?;
+        let folded = self.fold_fence_signed(sql, user.params().len())?;
         let statement = client
             .prepare_cached(&folded)
             .await
@@ -109,7 +123,7 @@ impl Schema {
     }
 }
 
-fn fold(schema: &Schema, sql: &str, user_params: usize) -> Result<String, Invalid> {
+fn fold(schema: &Schema, sql: &str, user_params: usize, signed: bool) -> Result<String, Invalid> {
     let start = skip_space_and_comments(sql)?;
     if sql[start..]
         .trim_matches(|c: char| c == ';' || c.is_whitespace())
@@ -118,13 +132,26 @@ fn fold(schema: &Schema, sql: &str, user_params: usize) -> Result<String, Invali
         return Err(Invalid::new("sql", "the statement to fence is empty"));
     }
     let (r, t, m) = (user_params + 1, user_params + 2, user_params + 3);
+    // The signature goes to the trigger that checks it, on the insert and on
+    // the update alike; `excluded.signature` would not do: the trigger clears
+    // it on the insert attempt.
+    let (sig_column, sig_value, sig_update) = if signed {
+        let s = user_params + 4;
+        (
+            ", signature",
+            format!(", ${s}::text"),
+            format!(", signature = ${s}::text"),
+        )
+    } else {
+        ("", String::new(), String::new())
+    };
     let cte = format!(
-        "{FENCE_CTE} AS (INSERT INTO {fences} AS f (resource, last_token, mode, updated_at) \
-         VALUES (${r}::text, ${t}::bigint, ${m}::text, now()) ON CONFLICT (resource) DO UPDATE SET \
+        "{FENCE_CTE} AS (INSERT INTO {fences} AS f (resource, last_token, mode, updated_at{sig_column}) \
+         VALUES (${r}::text, ${t}::bigint, ${m}::text, now(){sig_value}) ON CONFLICT (resource) DO UPDATE SET \
          last_token = CASE WHEN f.last_token < excluded.last_token \
          OR (excluded.mode = 'monotonic' AND f.last_token = excluded.last_token) THEN excluded.last_token \
          ELSE {stale}(f.resource, excluded.last_token, f.last_token) END, \
-         mode = excluded.mode, updated_at = excluded.updated_at)",
+         mode = excluded.mode, updated_at = excluded.updated_at{sig_update})",
         fences = schema.qualify("leasefence_fences"),
         stale = schema.qualify("leasefence_stale"),
     );
@@ -213,7 +240,7 @@ fn keyword_at(sql: &str, i: usize, keyword: &str) -> Option<usize> {
 /// with SQLSTATE 40P01, which is safe and retryable.
 #[derive(Clone, Debug)]
 pub struct FencedStatement {
-    /// The caller's parameters, then the fence's three.
+    /// The caller's parameters, then the fence's four.
     statement: Statement,
     /// Whose fence, for its errors.
     schema: Schema,
@@ -237,7 +264,8 @@ impl FencedStatement {
         Schema::PUBLIC.fenced_statement_cached(client, sql).await
     }
 
-    /// The prepared statement, fence included (its last three parameters).
+    /// The prepared statement, fence included (its last four parameters:
+    /// resource, token, mode, signature).
     pub fn statement(&self) -> &Statement {
         &self.statement
     }
@@ -254,7 +282,8 @@ impl FencedStatement {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, ArbiterError> {
         let (resource, token, mode) = self.fence_params(fence, mode, params)?;
-        let all = with_fence_params(params, &resource, &token, &mode);
+        let signature = fence.signature.as_deref();
+        let all = with_fence_params(params, &resource, &token, &mode, &signature);
         let observed = |e| self.schema.classify_observed(e);
         client.execute(&self.statement, &all).await.map_err(observed)
     }
@@ -269,7 +298,8 @@ impl FencedStatement {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, ArbiterError> {
         let (resource, token, mode) = self.fence_params(fence, mode, params)?;
-        let all = with_fence_params(params, &resource, &token, &mode);
+        let signature = fence.signature.as_deref();
+        let all = with_fence_params(params, &resource, &token, &mode, &signature);
         let observed = |e| self.schema.classify_observed(e);
         client.query(&self.statement, &all).await.map_err(observed)
     }
@@ -280,7 +310,7 @@ impl FencedStatement {
         mode: FenceMode,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<(&'f str, i64, &'static str), ArbiterError> {
-        let takes = self.statement.params().len().saturating_sub(3);
+        let takes = self.statement.params().len().saturating_sub(4);
         if params.len() != takes {
             let given = params.len();
             let message = format!("the statement takes {takes} parameters, {given} were given");
@@ -299,10 +329,11 @@ fn with_fence_params<'a>(
     resource: &'a &str,
     token: &'a i64,
     mode: &'a &'static str,
+    signature: &'a Option<&str>,
 ) -> Vec<&'a (dyn ToSql + Sync)> {
-    let mut all = Vec::with_capacity(params.len() + 3);
+    let mut all = Vec::with_capacity(params.len() + 4);
     all.extend_from_slice(params);
-    all.extend([resource as &(dyn ToSql + Sync), token, mode]);
+    all.extend([resource as &(dyn ToSql + Sync), token, mode, signature]);
     all
 }
 
@@ -327,6 +358,21 @@ mod tests {
             f.contains("\"public\".leasefence_stale(f.resource, excluded.last_token, f.last_token)"),
             "{f}"
         );
+    }
+
+    #[test]
+    fn the_signed_fold_passes_the_signature_to_insert_and_update() {
+        let f = fold_fence_signed("UPDATE t SET v = $2 WHERE k = $1", 2).expect("folds");
+        assert!(f.contains("(resource, last_token, mode, updated_at, signature)"), "{f}");
+        assert!(
+            f.contains("VALUES ($3::text, $4::bigint, $5::text, now(), $6::text)"),
+            "{f}"
+        );
+        assert!(
+            f.contains("updated_at = excluded.updated_at, signature = $6::text)"),
+            "{f}"
+        );
+        assert!(!fold_fence("SELECT 1", 0).expect("folds").contains("signature"));
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
 
+use leasefence_core::signing::FenceKey;
 use leasefence_core::{Fence, FenceMode, Invalid, ResourceId, Token};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, GenericClient, Transaction};
@@ -132,7 +133,7 @@ impl Schema {
 
     /// The statement [`admit`] sends and [`PreparedAdmit`] prepares.
     pub fn admit_sql(&self) -> String {
-        format!("SELECT {}($1, $2, $3)", self.qualify("leasefence_admit"))
+        format!("SELECT {}($1, $2, $3, $4)", self.qualify("leasefence_admit"))
     }
 
     /// The common case of `leasefence_admit` as one plain statement: raise
@@ -140,7 +141,7 @@ impl Schema {
     /// `sql/postgres_schema.sql` (the conformance suite runs both paths).
     fn fast_admit_sql(&self) -> String {
         format!(
-            "UPDATE {} SET last_token = $2, mode = $3, updated_at = now() \
+            "UPDATE {} SET last_token = $2, mode = $3, updated_at = now(), signature = $4 \
              WHERE resource = $1 AND (last_token < $2 OR ($3 = 'monotonic' AND last_token = $2))",
             self.qualify("leasefence_fences")
         )
@@ -150,12 +151,14 @@ impl Schema {
     pub async fn admit(&self, tx: &Transaction<'_>, fence: &Fence, mode: FenceMode) -> Result<(), ArbiterError> {
         let token = token_to_i64(BACKEND, fence.token)?;
         let (resource, mode) = (fence.resource.as_str(), mode.as_str());
+        let signature = fence.signature.as_deref();
         // Typed parameters: parse, bind and execute go out in one round trip,
         // instead of a prepare round trip before every admit.
         let params = [
             (&resource as &(dyn ToSql + Sync), ADMIT_TYPES[0].clone()),
             (&token, ADMIT_TYPES[1].clone()),
             (&mode, ADMIT_TYPES[2].clone()),
+            (&signature, ADMIT_TYPES[3].clone()),
         ];
         let result = tx.execute_typed(&self.admit_sql(), &params).await;
         result.map(|_| ()).map_err(|e| self.classify_observed(e))
@@ -210,6 +213,34 @@ impl Schema {
     /// [`classify`](Self::classify), and a rejection counted and logged.
     pub(crate) fn classify_observed(&self, e: tokio_postgres::Error) -> ArbiterError {
         observe(BACKEND, self.classify(e))
+    }
+
+    /// [`add_fence_key`](super::add_fence_key) in this schema.
+    pub async fn add_fence_key(&self, client: &impl GenericClient, key: &FenceKey) -> Result<(), ArbiterError> {
+        let sql = format!("SELECT {}($1, $2)", self.qualify("leasefence_fence_key_add"));
+        let secret: &[u8] = key.secret();
+        client
+            .execute(&sql, &[&key.id(), &secret])
+            .await
+            .map(|_| ())
+            .map_err(|e| self.classify(e))
+    }
+
+    /// [`remove_fence_key`](super::remove_fence_key) in this schema.
+    pub async fn remove_fence_key(&self, client: &impl GenericClient, key_id: &str) -> Result<bool, ArbiterError> {
+        let sql = format!("SELECT {}($1)", self.qualify("leasefence_fence_key_remove"));
+        let row = client.query_one(&sql, &[&key_id]).await.map_err(|e| self.classify(e))?;
+        Ok(row.get(0))
+    }
+
+    /// [`fence_key_ids`](super::fence_key_ids) in this schema.
+    pub async fn fence_key_ids(&self, client: &impl GenericClient) -> Result<Vec<String>, ArbiterError> {
+        let sql = format!(
+            "SELECT key_id FROM {} ORDER BY key_id",
+            self.qualify("leasefence_fence_keys")
+        );
+        let rows = client.query(&sql, &[]).await.map_err(|e| self.classify(e))?;
+        Ok(rows.into_iter().map(|r| r.get(0)).collect())
     }
 
     /// [`last_token`] in this schema.

@@ -9,16 +9,19 @@
 //! [`Outcome::Abort`] sends half a body and then breaks the stream: the
 //! gateway must commit neither the object nor the fence. `cleanup` deletes
 //! the objects under the namespace (fenced, with each resource's current
-//! token); the fences stay, because the gateway never forgets a fence over HTTP.
+//! token, signed with [`GatewayTarget::with_signer`]'s key when the gateway
+//! requires signatures); the fences stay, because the gateway never forgets
+//! a fence over HTTP.
 
 use futures_util::stream;
-use leasefence_core::{Fence, FenceMode, HEADER_RESOURCE, HEADER_TOKEN, ResourceId, Token};
+use leasefence_core::signing::FenceKey;
+use leasefence_core::{Fence, FenceMode, HEADER_RESOURCE, HEADER_SIGNATURE, HEADER_TOKEN, ResourceId, Token};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::ArbiterError;
 use crate::conformance::{ConformanceTarget, Outcome};
-use crate::gateway::client::{encode_path, gw, stale_from, transport};
+use crate::gateway::client::{bad_signature_from, encode_path, gw, stale_from, transport};
 use crate::gateway::{HEADER_MODE, LIST_LIMIT_MAX, SERVICE};
 
 /// Rounds of read-modify-write a unit tries before giving up on 412s.
@@ -28,6 +31,8 @@ pub struct GatewayTarget {
     http: reqwest::Client,
     base: String,
     namespace: String,
+    /// Signs the fences of `cleanup`'s deletes.
+    signer: Option<FenceKey>,
 }
 
 impl GatewayTarget {
@@ -42,9 +47,17 @@ impl GatewayTarget {
             http,
             base,
             namespace: super::fresh_namespace(),
+            signer: None,
         };
         target.check_service().await?;
         Ok(target)
+    }
+
+    /// Signs the deletes of `cleanup` with `key` (for a gateway started
+    /// with fence keys; the units send the fences they are given as they are).
+    pub fn with_signer(mut self, key: FenceKey) -> GatewayTarget {
+        self.signer = Some(key);
+        self
     }
 
     /// `GET /` must name the gateway service; returns its version.
@@ -99,6 +112,9 @@ impl GatewayTarget {
             .header(HEADER_RESOURCE, fence.resource.as_str())
             .header(HEADER_TOKEN, fence.token.get())
             .header(HEADER_MODE, mode.as_str());
+        if let Some(signature) = &fence.signature {
+            req = req.header(HEADER_SIGNATURE, signature);
+        }
         req = match etag {
             Some(e) => req.header("if-match", e),
             None => req.header("if-none-match", "*"),
@@ -120,6 +136,7 @@ impl GatewayTarget {
             StatusCode::OK | StatusCode::CREATED => Ok(true),
             StatusCode::PRECONDITION_FAILED => Ok(false),
             StatusCode::CONFLICT => Err(stale_from(&url, resp.json().await.unwrap_or(Value::Null))?.into()),
+            StatusCode::FORBIDDEN => Err(bad_signature_from(&url, resp.json().await.unwrap_or(Value::Null))),
             other => {
                 let body = resp.text().await.unwrap_or_default();
                 Err(gw(format!("PUT {url}: {other}: {body}")))
@@ -217,15 +234,17 @@ impl ConformanceTarget for GatewayTarget {
                     .await?
                     .ok_or_else(|| gw(format!("{resource}: no fence")))?;
                 let url = self.object_url(key);
-                let resp = self
+                let mut req = self
                     .http
                     .delete(&url)
                     .header(HEADER_RESOURCE, resource)
                     .header(HEADER_TOKEN, token.get())
-                    .header(HEADER_MODE, FenceMode::Monotonic.as_str())
-                    .send()
-                    .await
-                    .map_err(|e| transport(&url, e))?;
+                    .header(HEADER_MODE, FenceMode::Monotonic.as_str());
+                if let Some(signer) = &self.signer {
+                    let resource = ResourceId::new(resource).map_err(ArbiterError::from)?;
+                    req = req.header(HEADER_SIGNATURE, signer.sign(&Fence::new(resource, token)));
+                }
+                let resp = req.send().await.map_err(|e| transport(&url, e))?;
                 if !resp.status().is_success() && resp.status() != StatusCode::NOT_FOUND {
                     return Err(gw(format!("DELETE {url}: {}", resp.status())));
                 }

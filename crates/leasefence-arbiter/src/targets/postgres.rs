@@ -9,7 +9,7 @@ use tokio_postgres::IsolationLevel;
 
 use crate::ArbiterError;
 use crate::conformance::{ConformanceTarget, Outcome, PausePoint};
-use crate::postgres::{FencedStatement, PreparedAdmit, admit, last_token};
+use crate::postgres::{FencedStatement, PreparedAdmit, Schema};
 use crate::reject::{token_from_i64, token_to_i64};
 
 /// Connections in the target's pool. Half the racers run a transaction at
@@ -37,6 +37,8 @@ pub struct PostgresTarget {
     isolation: IsolationLevel,
     path: AdmitPath,
     namespace: String,
+    /// Where the arbiter is installed.
+    schema: Schema,
     kv: String,
     history: String,
 }
@@ -45,6 +47,15 @@ impl PostgresTarget {
     /// Connects to `url` (the schema must be installed) and creates the effect
     /// tables. `isolation` applies to every unit the target runs.
     pub async fn connect(url: &str, isolation: IsolationLevel) -> Result<PostgresTarget, ArbiterError> {
+        PostgresTarget::connect_in(url, isolation, Schema::PUBLIC).await
+    }
+
+    /// [`Self::connect`] to the arbiter installed in `schema`.
+    pub async fn connect_in(
+        url: &str,
+        isolation: IsolationLevel,
+        schema: Schema,
+    ) -> Result<PostgresTarget, ArbiterError> {
         let config: tokio_postgres::Config = url.parse().map_err(ArbiterError::Postgres)?;
         let manager = Manager::new(config, tokio_postgres::NoTls);
         let pool = Pool::builder(manager)
@@ -57,11 +68,12 @@ impl PostgresTarget {
             isolation,
             path: AdmitPath::Unnamed,
             namespace: super::fresh_namespace(),
+            schema,
             kv: format!("leasefence_check_kv_{suffix}"),
             history: format!("leasefence_check_history_{suffix}"),
         };
         let client = target.pool.get().await?;
-        if crate::postgres::installed_version(&**client).await?.is_none() {
+        if target.schema.installed_version(&**client).await?.is_none() {
             return Err(ArbiterError::NotInstalled { backend: "postgres" });
         }
         let ddl = format!(
@@ -114,8 +126,8 @@ impl PostgresTarget {
         );
         let admission = match self.path {
             AdmitPath::Unnamed => Admission::Unnamed,
-            AdmitPath::Prepared => Admission::Prepared(PreparedAdmit::prepare_cached(&client).await?),
-            AdmitPath::Folded => Admission::Folded(FencedStatement::prepare_cached(&client, &kv).await?),
+            AdmitPath::Prepared => Admission::Prepared(self.schema.prepare_admit_cached(&client).await?),
+            AdmitPath::Folded => Admission::Folded(self.schema.fenced_statement_cached(&client, &kv).await?),
         };
         let tx = client
             .build_transaction()
@@ -135,7 +147,7 @@ impl PostgresTarget {
             if let Admission::Prepared(p) = &admission {
                 p.admit(&tx, fence, mode).await?;
             } else {
-                admit(&tx, fence, mode).await?;
+                self.schema.admit(&tx, fence, mode).await?;
             }
         }
         let token = token_to_i64("postgres", fence.token)?;
@@ -208,7 +220,7 @@ impl ConformanceTarget for PostgresTarget {
 
     async fn last_token(&self, resource: &ResourceId) -> Result<Option<Token>, ArbiterError> {
         let client = self.pool.get().await?;
-        last_token(&**client, resource).await
+        self.schema.last_token(&**client, resource).await
     }
 
     async fn history(&self, resource: &ResourceId) -> Result<Vec<Token>, ArbiterError> {
@@ -221,12 +233,12 @@ impl ConformanceTarget for PostgresTarget {
 
     async fn cleanup(&self) -> Result<(), ArbiterError> {
         let client = self.pool.get().await?;
-        client
-            .execute(
-                "DELETE FROM leasefence_fences WHERE starts_with(resource, $1)",
-                &[&self.namespace],
-            )
-            .await?;
+        let forget = format!(
+            "DELETE FROM {} WHERE starts_with(resource, $1)",
+            self.schema.qualify("leasefence_fences")
+        );
+        // The signature trigger, if any, does not fire on DELETE.
+        client.execute(&forget, &[&self.namespace]).await?;
         client
             .batch_execute(&format!("DROP TABLE IF EXISTS {}, {}", self.kv, self.history))
             .await?;

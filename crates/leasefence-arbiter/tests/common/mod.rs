@@ -114,6 +114,24 @@ macro_rules! conformance_tests {
     )*};
 }
 
+/// The signed-fence scenario: `$make` is a closure taking the
+/// [`Verifier`](leasefence_arbiter::Verifier) the target must require and
+/// returning a future of `Option<(Arc<Target>, Guard)>`.
+macro_rules! signed_fences_test {
+    ($name:ident, $make:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn $name() {
+            use leasefence_arbiter::ConformanceTarget;
+            let keys = leasefence_arbiter::conformance::SuiteKeys::generate();
+            let Some((t, _guard)) = ($make)(keys.verifier()).await else {
+                return;
+            };
+            leasefence_arbiter::conformance::signed_fences(&*t, &keys).await;
+            t.cleanup().await.expect("cleanup");
+        }
+    };
+}
+
 /// A pause-kit test: `trials` trials, every stale effect rejected, nothing left over.
 macro_rules! pause_kit_test {
     ($name:ident, $make:expr, $trials:expr) => {

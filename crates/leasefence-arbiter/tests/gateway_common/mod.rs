@@ -21,6 +21,17 @@ pub async fn start_in(dir: tempfile::TempDir, object_size_max: u64) -> (Running,
     let config = GatewayConfig::new("127.0.0.1:0".parse().expect("addr"), dir.path())
         .with_object_size_max(object_size_max)
         .expect("size");
+    start_config(dir, config).await
+}
+
+/// A gateway that requires fences signed with `keys`.
+pub async fn start_signed(keys: leasefence_arbiter::Verifier) -> Running {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = GatewayConfig::new("127.0.0.1:0".parse().expect("addr"), dir.path()).with_fence_keys(keys);
+    start_config(dir, config).await.0
+}
+
+async fn start_config(dir: tempfile::TempDir, config: GatewayConfig) -> (Running, (u64, u64)) {
     // After a stop the previous gateway's store closes once its last request is done.
     let mut attempts = 0;
     let gateway = loop {
