@@ -172,3 +172,39 @@ fn without_the_etcd_feature_compare_etcd_names_it() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--features etcd"), "{err}");
 }
+
+/// `bench --idle`: one row per count, each from a real server over a store of
+/// that many idle resources, with a restart time, an RSS, a per-resource
+/// share and latencies; the RSS grows with the resources.
+#[test]
+fn idle_reports_restart_memory_and_latency_per_count() {
+    let (code, out, err) = cli(&[
+        "bench",
+        "--idle",
+        "10,20000",
+        "--duration",
+        "200ms",
+        "--rounds",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "bench --idle failed: {out}\n{err}");
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"));
+    let rows = v["idle"].as_array().expect("idle rows");
+    assert_eq!(rows.len(), 2, "{v}");
+    for (row, n) in rows.iter().zip([10, 20_000]) {
+        assert_eq!(row["idle_resources"], n, "{row}");
+        for f in ["restart_ms", "p50_ms", "p99_ms"] {
+            assert!(row[f].as_f64().unwrap() > 0.0, "{f}: {row}");
+        }
+        // Ten resources can sit within the noise of the empty server's RSS.
+        assert!(row["rss_per_idle_resource"].as_f64().is_some(), "{row}");
+    }
+    assert!(
+        rows[1]["rss_bytes"].as_u64() > rows[0]["rss_bytes"].as_u64(),
+        "20,000 resources take more memory than 10: {v}"
+    );
+    let (code, _, err) = cli(&["bench", "--idle", "0"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("1..=10000000"), "{err}");
+}
