@@ -36,6 +36,8 @@ pub struct Limits {
     pub watchers_max: usize,
     /// Open watch streams of one principal (with access control on).
     pub watchers_per_principal_max: usize,
+    /// Open connections, all clients together.
+    pub connections_max: usize,
 }
 
 impl Default for Limits {
@@ -45,6 +47,7 @@ impl Default for Limits {
             waiters_per_principal_max: 1_000,
             watchers_max: 10_000,
             watchers_per_principal_max: 1_000,
+            connections_max: 10_000,
         }
     }
 }

@@ -264,19 +264,29 @@ impl AsyncWrite for EdgeIo {
 }
 
 /// Makes the service of one connection: the router, with the connection's
-/// [`PeerCertificate`] (if any) inserted into each request.
+/// [`PeerCertificate`] (if any) inserted into each request. Beyond
+/// `connections_max` open connections, a new one is still accepted but
+/// every request on it is refused with the limit (429 in JSON, gRPC
+/// `RESOURCE_EXHAUSTED`, `Connection: close`), so that the client learns why
+/// instead of waiting on a full accept queue.
 #[derive(Clone)]
 pub(crate) struct EdgeService {
     app: axum::Router,
     /// Serves a client that presented no certificate where one is required.
     refuse: axum::Router,
+    /// Serves a connection over the limit.
+    busy: axum::Router,
+    connections: Arc<Semaphore>,
 }
 
 impl EdgeService {
-    pub(crate) fn new(app: axum::Router) -> EdgeService {
+    pub(crate) fn new(app: axum::Router, connections_max: usize) -> EdgeService {
+        let max = connections_max.min(Semaphore::MAX_PERMITS);
         EdgeService {
             app,
             refuse: axum::Router::new().fallback(certificate_required),
+            busy: axum::Router::new().fallback(move |req: Request| too_many_connections(req, max)),
+            connections: Arc::new(Semaphore::new(max)),
         }
     }
 }
@@ -292,10 +302,18 @@ impl tower::Service<IncomingStream<'_, EdgeListener>> for EdgeService {
 
     fn call(&mut self, incoming: IncomingStream<'_, EdgeListener>) -> Self::Future {
         let io = incoming.io();
-        let app = if io.anonymous() { &self.refuse } else { &self.app };
+        // Held by this connection's service (and its per-request clones):
+        // freed when the connection closes.
+        let permit = self.connections.clone().try_acquire_owned().ok().map(Arc::new);
+        let app = match (&permit, io.anonymous()) {
+            (None, _) => &self.busy,
+            (Some(_), true) => &self.refuse,
+            (Some(_), false) => &self.app,
+        };
         std::future::ready(Ok(WithPeer {
             app: app.clone(),
             peer: io.peer_certificate().cloned(),
+            _permit: permit,
         }))
     }
 }
@@ -305,6 +323,7 @@ impl tower::Service<IncomingStream<'_, EdgeListener>> for EdgeService {
 pub(crate) struct WithPeer {
     app: axum::Router,
     peer: Option<PeerCertificate>,
+    _permit: Option<Arc<tokio::sync::OwnedSemaphorePermit>>,
 }
 
 impl tower::Service<Request> for WithPeer {
@@ -322,6 +341,29 @@ impl tower::Service<Request> for WithPeer {
         }
         tower::Service::<Request>::call(&mut self.app, req)
     }
+}
+
+/// The refusal of every request on a connection over `--connections-max`.
+async fn too_many_connections(req: Request, max: usize) -> Response {
+    let e = crate::auth::AuthError::limit(
+        "connections-max",
+        max,
+        format!("{max} connections are open; retry later or on another connection"),
+    );
+    crate::metrics::auth_refusal(&e);
+    let grpc = req
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+    if grpc {
+        return crate::grpc::auth_status(&e).into_http::<axum::body::Body>();
+    }
+    let mut response = crate::http::Failure::from(e).into_response();
+    response.headers_mut().insert(
+        axum::http::header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
+    response
 }
 
 /// The refusal of a request from a client that presented no certificate

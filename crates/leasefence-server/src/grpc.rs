@@ -50,7 +50,7 @@ fn auth(e: AuthError) -> Status {
     status(ApiError::Auth(e))
 }
 
-fn auth_status(e: &AuthError) -> Status {
+pub(crate) fn auth_status(e: &AuthError) -> Status {
     let mut s = match e {
         AuthError::Unauthenticated(m) => Status::unauthenticated(m.clone()),
         AuthError::PermissionDenied(_) | AuthError::NotOwner { .. } => Status::permission_denied(e.to_string()),

@@ -171,7 +171,11 @@ impl Server {
             .prepare()
             .into_axum_router()
             .reset_fallback();
-        let app = EdgeService::new(http::router(self.node.clone(), self.metrics, self.access).merge(grpc));
+        let connections_max = self.access.limits().connections_max;
+        let app = EdgeService::new(
+            http::router(self.node.clone(), self.metrics, self.access).merge(grpc),
+            connections_max,
+        );
         if let Ok(addr) = self.listener.local_addr() {
             match &self.tls {
                 None => tracing::info!(%addr, "serving gRPC and HTTP"),

@@ -56,7 +56,7 @@ async fn serve(tls: Option<Tls>) -> SocketAddr {
         }),
     );
     let listener = EdgeListener::new(tcp, tls).expect("listener");
-    tokio::spawn(async move { axum::serve(listener, EdgeService::new(app)).await });
+    tokio::spawn(async move { axum::serve(listener, EdgeService::new(app, usize::MAX)).await });
     addr
 }
 

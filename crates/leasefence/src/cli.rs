@@ -169,6 +169,11 @@ pub struct ServeArgs {
     /// With --auth: most open watch streams of one principal.
     #[arg(long, default_value_t = leasefence_server::auth::Limits::default().watchers_per_principal_max)]
     pub watchers_per_principal_max: usize,
+    /// Most open connections, all clients together; a connection beyond it
+    /// gets 429 / RESOURCE_EXHAUSTED on every request. Keep it below the
+    /// process's file-descriptor limit (`ulimit -n`).
+    #[arg(long, default_value_t = leasefence_server::auth::Limits::default().connections_max)]
+    pub connections_max: usize,
     /// Serve TLS with this certificate chain (PEM, leaf first); needs
     /// --tls-key. Plaintext clients are then refused with a message.
     #[arg(long, env = "LEASEFENCE_TLS_CERT", value_name = "FILE")]

@@ -42,6 +42,7 @@ pub async fn run(a: ServeArgs) -> CmdResult {
         waiters_per_principal_max: a.waiters_per_principal_max,
         watchers_max: a.watchers_max,
         watchers_per_principal_max: a.watchers_per_principal_max,
+        connections_max: a.connections_max,
     };
     config.tls = tls(&a)?;
     let (server, at) = match &a.store {

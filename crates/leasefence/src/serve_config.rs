@@ -41,6 +41,7 @@ struct ServeFile {
     waiters_per_principal_max: Option<usize>,
     watchers_max: Option<usize>,
     watchers_per_principal_max: Option<usize>,
+    connections_max: Option<usize>,
     tls_cert: Option<String>,
     tls_key: Option<String>,
     tls_client_ca: Option<String>,
@@ -87,7 +88,7 @@ pub fn apply(a: &mut ServeArgs, m: &ArgMatches) -> Result<(), Failure> {
             *slot = duration(key, v)?;
         }
     }
-    let counts: [(&str, Option<usize>, &mut usize); 5] = [
+    let counts: [(&str, Option<usize>, &mut usize); 6] = [
         ("waiters_max", file.waiters_max, &mut a.waiters_max),
         (
             "leases_per_principal_max",
@@ -105,6 +106,7 @@ pub fn apply(a: &mut ServeArgs, m: &ArgMatches) -> Result<(), Failure> {
             file.watchers_per_principal_max,
             &mut a.watchers_per_principal_max,
         ),
+        ("connections_max", file.connections_max, &mut a.connections_max),
     ];
     for (id, value, slot) in counts {
         if let (Some(v), true) = (value, unset(id)) {

@@ -164,6 +164,7 @@ async fn limits_refuse_with_429_naming_the_limit_and_its_value() {
         waiters_per_principal_max: 1,
         watchers_max: 4,
         watchers_per_principal_max: 2,
+        ..Limits::default()
     };
     let s = start(limits).await;
     for i in 0..3 {
