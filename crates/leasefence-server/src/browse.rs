@@ -22,11 +22,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use leasefence_core::{Invalid, LIST_LIMIT_MAX, ResourceStatus};
 use serde_json::{Value, json};
-use tokio::sync::broadcast::error::RecvError;
 
-use crate::auth::{Access, Caller, WatchSlot};
+use crate::auth::{Access, Caller};
 use crate::http::Failure;
-use crate::watch::{Event, EventKind, Filter, Subscription, WatchError};
+use crate::watch::{self, Ended, Event, EventKind, Filter, WatchError};
 use crate::{Node, wire};
 use leasefence_core::access::Verb;
 
@@ -184,7 +183,8 @@ async fn watch(
         Failure(code, json!({ "error": kind, "message": e.to_string() }))
     })?;
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(64);
-    tokio::spawn(forward(sub, filter, engine.stopping(), tx, slot));
+    let item = |id: &str, e: &Event| Ok(line(&event_json(id, e)));
+    tokio::spawn(watch::forward(sub, filter, engine.stopping(), tx, item, end_line, slot));
     let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
     Ok((
         [
@@ -196,58 +196,15 @@ async fn watch(
         .into_response())
 }
 
-/// Replays the backlog, then forwards live events until the watcher leaves,
-/// falls too far behind (told where to resume), or the coordinator stops.
-async fn forward(
-    sub: Subscription,
-    filter: Filter,
-    stopping: impl std::future::Future<Output = ()> + Send + 'static,
-    tx: tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
-    slot: WatchSlot,
-) {
-    let _watching = crate::metrics::Watching::new();
-    let _slot = slot;
-    let Subscription {
-        coordinator_id: id,
-        backlog,
-        mut live,
-    } = sub;
-    let mut last = 0;
-    for e in backlog {
-        last = e.revision;
-        if tx.send(Ok(line(&event_json(&id, &e)))).await.is_err() {
-            return;
-        }
-    }
-    tokio::pin!(stopping);
-    loop {
-        let next = tokio::select! {
-            n = live.recv() => n,
-            () = tx.closed() => return,
-            () = &mut stopping => {
-                let end = json!({ "error": "shutting_down", "message": "coordinator is shutting down" });
-                let _ = tx.send(Ok(line(&end))).await;
-                return;
-            }
-        };
-        match next {
-            Ok(e) if e.revision <= last || !filter.matches(&e.resource) => {}
-            Ok(e) => {
-                last = e.revision;
-                if tx.send(Ok(line(&event_json(&id, &e)))).await.is_err() {
-                    return;
-                }
-            }
-            Err(RecvError::Lagged(_)) => {
-                let end = json!({
-                    "error": "lagged",
-                    "message": format!("watcher fell behind; resume with after_revision={last}"),
-                    "after_revision": last,
-                });
-                let _ = tx.send(Ok(line(&end))).await;
-                return;
-            }
-            Err(RecvError::Closed) => return,
-        }
-    }
+/// The last line of a stream that ended early.
+fn end_line(ended: Ended) -> Result<Bytes, std::io::Error> {
+    let end = match ended {
+        Ended::ShuttingDown => json!({ "error": "shutting_down", "message": "coordinator is shutting down" }),
+        Ended::Lagged { after_revision } => json!({
+            "error": "lagged",
+            "message": format!("watcher fell behind; resume with after_revision={after_revision}"),
+            "after_revision": after_revision,
+        }),
+    };
+    Ok(line(&end))
 }

@@ -13,12 +13,10 @@ use leasefence_proto::v1::{self as pb};
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
-use tokio::sync::broadcast::error::RecvError;
-
 use crate::auth::{Access, AuthError, Caller, WatchSlot};
 use crate::peer::PeerCertificate;
 use crate::watch::Subscription;
-use crate::watch::{Event, EventKind, Filter, WatchError};
+use crate::watch::{Ended, Event, EventKind, Filter, WatchError};
 use crate::{ApiError, Engine, Node, wire};
 use leasefence_core::access::Verb;
 
@@ -271,49 +269,16 @@ fn watch_stream(
     slot: WatchSlot,
 ) -> WatchStream {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
-    tokio::spawn(async move {
-        let _watching = crate::metrics::Watching::new();
-        let _slot = slot;
-        let Subscription {
-            coordinator_id: id,
-            backlog,
-            mut live,
-        } = sub;
-        let mut last = 0;
-        for e in backlog {
-            last = e.revision;
-            if tx.send(Ok(event(&id, &e))).await.is_err() {
-                return;
-            }
-        }
-        tokio::pin!(stopping);
-        loop {
-            let next = tokio::select! {
-                n = live.recv() => n,
-                // The watcher left: end now, not at the next event.
-                () = tx.closed() => return,
-                () = &mut stopping => {
-                    let _ = tx.send(Err(Status::unavailable("coordinator is shutting down"))).await;
-                    return;
-                }
-            };
-            match next {
-                Ok(e) if e.revision <= last || !filter.matches(&e.resource) => {}
-                Ok(e) => {
-                    last = e.revision;
-                    if tx.send(Ok(event(&id, &e))).await.is_err() {
-                        return;
-                    }
-                }
-                Err(RecvError::Lagged(_)) => {
-                    let msg = format!("watcher fell behind; resume with after_revision={last}");
-                    let _ = tx.send(Err(Status::resource_exhausted(msg))).await;
-                    return;
-                }
-                Err(RecvError::Closed) => return,
-            }
-        }
-    });
+    let item = |id: &str, e: &Event| Ok(event(id, e));
+    let ended = |ended| {
+        Err(match ended {
+            Ended::ShuttingDown => Status::unavailable("coordinator is shutting down"),
+            Ended::Lagged { after_revision } => Status::resource_exhausted(format!(
+                "watcher fell behind; resume with after_revision={after_revision}"
+            )),
+        })
+    };
+    tokio::spawn(crate::watch::forward(sub, filter, stopping, tx, item, ended, slot));
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 

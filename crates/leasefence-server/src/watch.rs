@@ -227,6 +227,71 @@ pub(crate) async fn publish_durable(hub: Arc<Mutex<Hub>>, mut mark: tokio::sync:
     }
 }
 
+/// Why a watch stream ended early, for the edge to tell its client.
+pub(crate) enum Ended {
+    /// The coordinator is stopping.
+    ShuttingDown,
+    /// The watcher fell too far behind; it may resume after this revision.
+    Lagged { after_revision: u64 },
+}
+
+/// Replays `sub`'s backlog into `tx`, then forwards the live events `filter`
+/// matches, until the watcher leaves, falls behind or the coordinator stops
+/// (then `ended` makes the last item). Both edges' watch streams run this;
+/// `item` encodes an event for the edge, and `hold` (the watcher's slot)
+/// lives as long as the stream.
+pub(crate) async fn forward<T: Send, H: Send>(
+    sub: Subscription,
+    filter: Filter,
+    stopping: impl std::future::Future<Output = ()> + Send,
+    tx: tokio::sync::mpsc::Sender<T>,
+    item: impl Fn(&str, &Event) -> T + Send,
+    ended: impl FnOnce(Ended) -> T + Send,
+    hold: H,
+) {
+    use tokio::sync::broadcast::error::RecvError;
+    let _watching = crate::metrics::Watching::new();
+    let _hold = hold;
+    let Subscription {
+        coordinator_id: id,
+        backlog,
+        mut live,
+    } = sub;
+    let mut last = 0;
+    for e in backlog {
+        last = e.revision;
+        if tx.send(item(&id, &e)).await.is_err() {
+            return;
+        }
+    }
+    tokio::pin!(stopping);
+    loop {
+        let next = tokio::select! {
+            n = live.recv() => n,
+            // The watcher left: end now, not at the next event.
+            () = tx.closed() => return,
+            () = &mut stopping => {
+                let _ = tx.send(ended(Ended::ShuttingDown)).await;
+                return;
+            }
+        };
+        match next {
+            Ok(e) if e.revision <= last || !filter.matches(&e.resource) => {}
+            Ok(e) => {
+                last = e.revision;
+                if tx.send(item(&id, &e)).await.is_err() {
+                    return;
+                }
+            }
+            Err(RecvError::Lagged(_)) => {
+                let _ = tx.send(ended(Ended::Lagged { after_revision: last })).await;
+                return;
+            }
+            Err(RecvError::Closed) => return,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
