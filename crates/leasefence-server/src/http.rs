@@ -81,6 +81,7 @@ pub fn router(node: Arc<Node>, metrics: Option<PrometheusHandle>, access: Arc<Ac
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(unknown_path)
         .layer(axum::middleware::map_response(payload_too_large))
+        .layer(axum::middleware::from_fn(refuse_declared_oversize))
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
         .layer(axum::Extension(access))
         .with_state(node)
@@ -134,6 +135,44 @@ async fn method_not_allowed(method: Method, uri: Uri) -> Failure {
 /// A body over [`BODY_BYTES_MAX`] is refused by the body extractor, before
 /// any handler runs, with a plain-text 413 (no handler of ours answers 413):
 /// say it in JSON like every other refusal.
+/// The most bytes of a refused body read (and dropped) so that its client
+/// gets the 413, and for how long.
+const DRAIN_BYTES_MAX: usize = 16 << 20;
+const DRAIN_TIME_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// A body whose `Content-Length` is over [`BODY_BYTES_MAX`] is refused before
+/// a handler runs, and read to its end (up to [`DRAIN_BYTES_MAX`] within
+/// [`DRAIN_TIME_MAX`]) before the answer: a server that closes with a body
+/// still unread resets the connection, and the client, still writing, loses
+/// the 413 that says why.
+async fn refuse_declared_oversize(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_none_or(|n| n <= BODY_BYTES_MAX as u64) {
+        return next.run(req).await;
+    }
+    let mut body = req.into_body().into_data_stream();
+    let _ = tokio::time::timeout(DRAIN_TIME_MAX, async {
+        use tokio_stream::StreamExt;
+        let mut read = 0usize;
+        while let Some(Ok(chunk)) = body.next().await {
+            read += chunk.len();
+            if read > DRAIN_BYTES_MAX {
+                break;
+            }
+        }
+    })
+    .await;
+    let mut response = payload_too_large(StatusCode::PAYLOAD_TOO_LARGE.into_response()).await;
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+    response
+}
+
 async fn payload_too_large(response: Response) -> Response {
     if response.status() != StatusCode::PAYLOAD_TOO_LARGE {
         return response;
