@@ -174,8 +174,15 @@ fn write_loop<S: LeaseStore>(
             c.batches.fetch_add(1, Ordering::Relaxed);
             c.mutations.fetch_add(jobs.len() as u64, Ordering::Relaxed);
             let last = jobs.last().map_or(0, |j| j.seq);
-            match result {
-                Ok(()) => durable.send_modify(|d| d.through = last),
+            // Answer the batch first; the store's upkeep waits behind it. A
+            // failed upkeep fails what comes after, as a failed commit does
+            // (what it reports durable already is: `through` passed it).
+            let outcome = result.and_then(|()| {
+                durable.send_modify(|d| d.through = last);
+                store.maintain()
+            });
+            match outcome {
+                Ok(()) => {}
                 Err(e) => {
                     tracing::error!(error = %e, "store commit failed; refusing further writes until restart");
                     durable.send_modify(|d| {

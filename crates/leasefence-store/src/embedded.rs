@@ -1,20 +1,43 @@
-//! The embedded store: one redb file under the data directory.
+//! The embedded store: one redb file under the data directory, with a commit
+//! log beside it ([`crate::wal`]).
 //!
-//! redb commits with `Durability::Immediate` are fsynced before `commit`
-//! returns, and a crash leaves the last committed transaction intact; that is
-//! the whole durability argument. A batch is one write transaction.
+//! A batch is durable once its resulting records are appended to the log and
+//! synced; the tree takes them later in one `Durability::Immediate`
+//! transaction (a *checkpoint*) that also moves the log's generation, so a
+//! crash leaves the last checkpoint intact and the log holds exactly the
+//! batches after it. Opening replays them and checkpoints at once. That is
+//! the whole durability argument; `wal`'s module doc gives the log's rules.
+//!
+//! Checkpoints run between commits ([`LeaseStore::maintain`]) once the log is
+//! half used or many resources are waiting, and within a commit only when a
+//! record would not fit. Until then the records since the last checkpoint are
+//! also kept in memory, by resource, so that the next batch reads its
+//! current state from there; a resource changed a thousand times between two
+//! checkpoints costs the tree one write.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use leasefence_core::{Mutation, StoredResource};
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 
 use crate::codec::{decode, encode};
+use crate::wal::{Entry, LOG_BYTES, Log};
 use crate::{LeaseStore, StoreError, next_record};
 
 const RESOURCES: TableDefinition<&str, &[u8]> = TableDefinition::new("resources");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
-const SCHEMA_VERSION: u64 = 1;
+/// Version 2 adds the commit log; a build that reads only version 1 would
+/// ignore the log's batches, so it must refuse the file instead.
+const SCHEMA_VERSION: u64 = 2;
+/// The versions this build opens (and upgrades to [`SCHEMA_VERSION`]).
+const READS: [u64; 2] = [1, 2];
+/// The generation the next log is written under (absent: 0).
+const LOG_GENERATION: &str = "log_generation";
+/// A checkpoint between commits once this many resources wait for the tree...
+const PENDING_CHECKPOINT: usize = 8192;
+/// ... or once the log is this full.
+const LOG_CHECKPOINT: u64 = LOG_BYTES / 2;
 
 fn io(e: impl std::fmt::Display) -> StoreError {
     StoreError::Io(e.to_string())
@@ -23,6 +46,11 @@ fn io(e: impl std::fmt::Display) -> StoreError {
 pub struct EmbeddedStore {
     db: Database,
     path: PathBuf,
+    log: Log,
+    generation: u64,
+    /// Each resource's record as of the last synced batch, for the resources
+    /// changed since the last checkpoint.
+    pending: BTreeMap<String, StoredResource>,
 }
 
 impl EmbeddedStore {
@@ -36,43 +64,102 @@ impl EmbeddedStore {
         EmbeddedStore::open(&data_dir.join(Self::FILE_NAME))
     }
 
-    /// Opens (creating if needed) the store file at `path`.
+    /// Opens (creating if needed) the store file at `path` and its log at
+    /// [`EmbeddedStore::log_path`], replaying the log into the tree.
     pub fn open(path: &Path) -> Result<EmbeddedStore, StoreError> {
         let db = Database::create(path).map_err(|e| StoreError::Io(format!("cannot open {}: {e}", path.display())))?;
-        let store = EmbeddedStore {
+        let generation = check_schema(&db, path)?;
+        let (log, batches) = Log::open(&Self::log_path(path), generation)?;
+        let mut store = EmbeddedStore {
             db,
             path: path.to_path_buf(),
+            log,
+            generation,
+            pending: BTreeMap::new(),
         };
-        store.check_schema()?;
+        for entries in batches {
+            for (key, value) in entries {
+                let record = decode(&key, &value)?;
+                store.pending.insert(key, record);
+            }
+        }
+        // Even with nothing to replay: a fresh generation for this process's
+        // records, so that none can ever be read as an older one's.
+        store.checkpoint()?;
         Ok(store)
+    }
+
+    /// The commit log of the store file at `path`.
+    pub fn log_path(path: &Path) -> PathBuf {
+        let mut name = path.as_os_str().to_owned();
+        name.push(".log");
+        PathBuf::from(name)
     }
 
     pub fn path(&self) -> &Path {
         &self.path
     }
 
-    fn check_schema(&self) -> Result<(), StoreError> {
+    /// Moves every pending record into the tree, with the next generation, in
+    /// one durable transaction; then starts the log again under it.
+    fn checkpoint(&mut self) -> Result<(), StoreError> {
+        let next = self.generation + 1;
         let mut tx = self.db.begin_write().map_err(io)?;
         tx.set_durability(Durability::Immediate).map_err(io)?;
         {
-            let mut meta = tx.open_table(META).map_err(io)?;
-            let found = meta.get("schema_version").map_err(io)?.map(|v| v.value());
-            match found {
-                None => {
-                    meta.insert("schema_version", SCHEMA_VERSION).map_err(io)?;
-                }
-                Some(SCHEMA_VERSION) => {}
-                Some(other) => {
-                    return Err(StoreError::Io(format!(
-                        "{} has schema version {other}; this build reads version {SCHEMA_VERSION}",
-                        self.path.display()
-                    )));
-                }
+            let mut table = tx.open_table(RESOURCES).map_err(io)?;
+            for (key, record) in &self.pending {
+                table.insert(key.as_str(), encode(record).as_slice()).map_err(io)?;
             }
-            tx.open_table(RESOURCES).map_err(io)?;
+            let mut meta = tx.open_table(META).map_err(io)?;
+            meta.insert(LOG_GENERATION, next).map_err(io)?;
         }
-        tx.commit().map_err(io)
+        tx.commit().map_err(io)?;
+        self.generation = next;
+        self.log.restart(next);
+        self.pending.clear();
+        Ok(())
     }
+
+    /// A resource's record as the last synced batch left it.
+    fn current(&self, key: &str) -> Result<Option<StoredResource>, StoreError> {
+        if let Some(r) = self.pending.get(key) {
+            return Ok(Some(r.clone()));
+        }
+        let tx = self.db.begin_read().map_err(io)?;
+        let table = tx.open_table(RESOURCES).map_err(io)?;
+        match table.get(key).map_err(io)? {
+            Some(v) => Ok(Some(decode(key, v.value())?)),
+            None => Ok(None),
+        }
+    }
+}
+
+/// Checks (and upgrades) the schema version; returns the log's generation.
+fn check_schema(db: &Database, path: &Path) -> Result<u64, StoreError> {
+    let mut tx = db.begin_write().map_err(io)?;
+    tx.set_durability(Durability::Immediate).map_err(io)?;
+    let generation = {
+        let mut meta = tx.open_table(META).map_err(io)?;
+        let found = meta.get("schema_version").map_err(io)?.map(|v| v.value());
+        match found {
+            Some(v) if !READS.contains(&v) => {
+                return Err(StoreError::Io(format!(
+                    "{} has schema version {v}; this build reads versions {READS:?}",
+                    path.display()
+                )));
+            }
+            Some(SCHEMA_VERSION) => {}
+            _ => {
+                meta.insert("schema_version", SCHEMA_VERSION).map_err(io)?;
+            }
+        }
+        let generation = meta.get(LOG_GENERATION).map_err(io)?.map_or(0, |v| v.value());
+        tx.open_table(RESOURCES).map_err(io)?;
+        generation
+    };
+    tx.commit().map_err(io)?;
+    Ok(generation)
 }
 
 impl LeaseStore for EmbeddedStore {
@@ -82,92 +169,50 @@ impl LeaseStore for EmbeddedStore {
         let mut out = Vec::new();
         for row in table.iter().map_err(io)? {
             let (k, v) = row.map_err(io)?;
-            out.push(decode(k.value(), v.value())?);
+            if !self.pending.contains_key(k.value()) {
+                out.push(decode(k.value(), v.value())?);
+            }
         }
+        out.extend(self.pending.values().cloned());
         Ok(out)
     }
 
     fn apply(&mut self, batch: &[Mutation]) -> Result<(), StoreError> {
-        let mut tx = self.db.begin_write().map_err(io)?;
-        tx.set_durability(Durability::Immediate).map_err(io)?;
-        {
-            let mut table = tx.open_table(RESOURCES).map_err(io)?;
-            for m in batch {
-                let key = m.resource().as_str();
-                let current = match table.get(key).map_err(io)? {
-                    Some(v) => Some(decode(key, v.value())?),
-                    None => None,
-                };
-                if let Some(next) = next_record(current, m)? {
-                    table.insert(key, encode(&next).as_slice()).map_err(io)?;
-                }
+        // The batch's records, computed in full before anything is written:
+        // a refused mutation leaves the log, the tree and `pending` untouched.
+        let mut changed: BTreeMap<&str, StoredResource> = BTreeMap::new();
+        for m in batch {
+            let key = m.resource().as_str();
+            let current = match changed.get(key) {
+                Some(r) => Some(r.clone()),
+                None => self.current(key)?,
+            };
+            if let Some(next) = next_record(current, m)? {
+                changed.insert(key, next);
             }
         }
-        // Dropping `tx` on an early return above aborts it: a batch is all or nothing.
-        tx.commit().map_err(io)
+        if changed.is_empty() {
+            return Ok(());
+        }
+        let entries: Vec<Entry> = changed.iter().map(|(k, r)| ((*k).to_string(), encode(r))).collect();
+        if self.log.used() > 0 && self.log.used() + Log::record_len(&entries) > LOG_BYTES {
+            self.checkpoint()?;
+        }
+        self.log.append(&entries)?;
+        for (key, record) in changed {
+            self.pending.insert(key.to_string(), record);
+        }
+        Ok(())
+    }
+
+    fn maintain(&mut self) -> Result<(), StoreError> {
+        if self.pending.len() >= PENDING_CHECKPOINT || self.log.used() >= LOG_CHECKPOINT {
+            self.checkpoint()?;
+        }
+        Ok(())
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use leasefence_core::{Holder, LeaseId, ReleaseCause, ResourceId, StoredLease, Token};
-
-    use super::*;
-
-    /// A store file as the build before lock-delays wrote it (record version 1).
-    fn write_version_1(path: &Path) {
-        let db = Database::create(path).expect("create");
-        let tx = db.begin_write().expect("begin");
-        {
-            let mut meta = tx.open_table(META).expect("meta");
-            meta.insert("schema_version", 1).expect("insert");
-            let mut table = tx.open_table(RESOURCES).expect("resources");
-            let held: &[u8] = &[
-                1, 0, 0, 0, 0, 0, 0, 0, 5, 1, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 0, 0, 0, 0, 0, 0, 3, 232,
-                0, 3, 111, 108, 100,
-            ];
-            table.insert("old/held", held).expect("insert");
-            table
-                .insert("old/free", &[1u8, 0, 0, 0, 0, 0, 0, 0, 9, 0][..])
-                .expect("insert");
-        }
-        tx.commit().expect("commit");
-    }
-
-    #[test]
-    fn a_data_dir_from_before_lock_delays_opens_and_keeps_its_meaning() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join(EmbeddedStore::FILE_NAME);
-        write_version_1(&path);
-        let mut store = EmbeddedStore::open(&path).expect("opens");
-        let mut all = store.load().expect("load");
-        all.sort_by(|a, b| a.resource.cmp(&b.resource));
-        assert_eq!(all.len(), 2);
-        assert_eq!(
-            (all[0].last_token, &all[0].lease, &all[0].lock_delay),
-            (Token::new(9).expect("non-zero"), &None, &None)
-        );
-        assert_eq!(
-            all[1].lease,
-            Some(StoredLease {
-                lease_id: LeaseId::from_bytes([3; 16]),
-                holder: Holder::new("old").expect("valid"),
-                ttl: Duration::from_millis(1000),
-                lock_delay: Duration::ZERO,
-            })
-        );
-        // Old records change like new ones.
-        let resource = ResourceId::new("old/held").expect("valid");
-        let expiry = Mutation::Release {
-            resource,
-            token: Token::new(5).expect("non-zero"),
-            cause: ReleaseCause::Expired,
-            lock_delay: Duration::ZERO,
-        };
-        store.apply(&[expiry]).expect("apply");
-        let all = store.load().expect("load");
-        assert!(all.iter().all(|r| r.lease.is_none()));
-    }
-}
+#[path = "embedded_tests.rs"]
+mod tests;

@@ -6,7 +6,7 @@
 //! that group-commits them (many grants, one transaction, one fsync) and answers
 //! each only once it is durable.
 //!
-//! Backends: [`EmbeddedStore`] (redb, the default, crash-safe) and
+//! Backends: [`EmbeddedStore`] (redb behind a commit log, the default, crash-safe) and
 //! [`MemoryStore`] (not durable; a reference for tests and simulation).
 //!
 //! For high availability, [`SharedStore`] ([`shared`]) is a store several
@@ -28,6 +28,7 @@ mod memory_shared;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod shared;
+mod wal;
 
 pub use committer::{BATCH_MUTATIONS, COMMIT_SECONDS, Committer, CommitterStats, Durable, Seq};
 pub use embedded::EmbeddedStore;
@@ -85,6 +86,13 @@ pub trait LeaseStore: Send + 'static {
     /// never hands it more.
     fn batch_max(&self) -> usize {
         usize::MAX
+    }
+
+    /// Work the store does between commits, once the batch before it is
+    /// answered (the embedded store folds its log into its tree here). An
+    /// error stops the writer as a failed commit does.
+    fn maintain(&mut self) -> Result<(), StoreError> {
+        Ok(())
     }
 }
 

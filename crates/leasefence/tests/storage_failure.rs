@@ -1,5 +1,7 @@
-//! A real disk failure: `serve` on a tiny tmpfs fills it up. The commit that
-//! fails is answered with a storage error, `/healthz` turns 503, and `serve`
+//! A real disk failure: `serve` on a tiny tmpfs fills it up. The commit log
+//! is zero-filled when created (4 MiB), so what runs out of space is the
+//! tree, at the first checkpoint, once about 2 MiB of grants are in the log.
+//! The request that finds the store failed is answered with a storage error, `/healthz` turns 503, and `serve`
 //! exits with code 6 and a one-line reason (crash-only: its supervisor
 //! restarts it from what is on disk). Mounting needs root; without it the
 //! test says it skipped, and under `CI=true` it fails instead.
@@ -17,7 +19,7 @@ use serde_json::json;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_stops_serve_with_exit_code_6() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let Some(_fs) = Tmpfs::mount_or_skip(dir.path(), "256k") else {
+    let Some(_fs) = Tmpfs::mount_or_skip(dir.path(), "6m") else {
         return;
     };
     let mut serve = Command::new(BIN)
@@ -37,9 +39,9 @@ async fn a_full_disk_stops_serve_with_exit_code_6() {
         .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
         .to_string();
     let http = reqwest::Client::new();
-    let long = "x".repeat(400);
+    let long = "x".repeat(480);
     let mut failed = None;
-    for i in 0..2000 {
+    for i in 0..20_000 {
         let body = json!({ "resource": format!("fill/{i}/{long}"), "ttl_ms": 3_600_000 });
         let r = http.post(format!("http://{addr}/v1/acquire")).json(&body).send().await;
         let Ok(r) = r else { break };
