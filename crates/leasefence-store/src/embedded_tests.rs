@@ -214,3 +214,28 @@ fn a_file_of_a_later_schema_is_refused_by_name() {
     let err = EmbeddedStore::open(&path).err().expect("refused").to_string();
     assert!(err.contains("schema version 3") && err.contains("[1, 2]"), "{err}");
 }
+
+#[test]
+fn after_a_checkpoint_the_older_generation_left_in_the_log_is_never_replayed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut store = open_in(dir.path());
+    // Records 0 and 1 of this generation: `a` at tokens 1 and 2.
+    store.apply(&[grant("a", 1, 1)]).expect("apply");
+    store.apply(&[grant("a", 2, 1)]).expect("apply");
+    store.checkpoint().expect("checkpoint");
+    // Record 0 of the next generation is exactly as long as the old record 0,
+    // so the old record 1 (token 2, index 1) sits right where record 1 of
+    // this generation would start.
+    store.apply(&[grant("a", 3, 1)]).expect("apply");
+    assert_eq!(
+        store.log.used(),
+        Log::record_len(&[("a".into(), encode(&store.pending["a"]))])
+    );
+    drop(store);
+    let mut store = open_in(dir.path());
+    assert_eq!(
+        token_of(&mut store, "a"),
+        Some(3),
+        "token 2 of the older generation came back"
+    );
+}
