@@ -138,10 +138,10 @@ where
 
 /// Maps a missing fence table to [`ArbiterError::NotInstalled`].
 pub(crate) fn classify(e: rusqlite::Error) -> ArbiterError {
-    if let rusqlite::Error::SqliteFailure(_, Some(msg)) = &e {
-        if msg.contains("no such table: leasefence_") {
-            return ArbiterError::NotInstalled { backend: BACKEND };
-        }
+    if let rusqlite::Error::SqliteFailure(_, Some(msg)) = &e
+        && msg.contains("no such table: leasefence_")
+    {
+        return ArbiterError::NotInstalled { backend: BACKEND };
     }
     ArbiterError::Sqlite(e)
 }

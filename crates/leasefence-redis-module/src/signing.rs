@@ -112,7 +112,7 @@ pub fn parse_key(id: &[u8], hex: &[u8]) -> Result<FenceKey, String> {
 /// The load arguments: pairs of `fence-key-file PATH`. The error names what
 /// is wrong (without the secret).
 pub fn load_args(args: &[&[u8]]) -> Result<Vec<FenceKey>, String> {
-    if args.len() % 2 != 0 {
+    if !args.len().is_multiple_of(2) {
         return Err("the module takes pairs of arguments: fence-key-file PATH".into());
     }
     let mut keys = Vec::new();

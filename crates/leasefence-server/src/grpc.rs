@@ -75,10 +75,10 @@ fn status(e: ApiError) -> Status {
 /// `UNAVAILABLE` with the active coordinator's URL in `leasefence-leader`.
 fn not_leader(e: &ApiError) -> Status {
     let mut status = Status::unavailable(e.to_string());
-    if let ApiError::NotLeader { leader: Some(url) } = e {
-        if let Ok(v) = url.parse() {
-            status.metadata_mut().insert(LEADER_METADATA, v);
-        }
+    if let ApiError::NotLeader { leader: Some(url) } = e
+        && let Ok(v) = url.parse()
+    {
+        status.metadata_mut().insert(LEADER_METADATA, v);
     }
     status
 }

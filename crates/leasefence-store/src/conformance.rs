@@ -255,7 +255,7 @@ pub fn upkeep_between_batches_keeps_every_record<S: LeaseStore>(open: &mut impl 
             let batch: Vec<Mutation> = names
                 .iter()
                 .enumerate()
-                .filter(|(i, _)| (*i as u64) % round == 0)
+                .filter(|(i, _)| (*i as u64).is_multiple_of(round))
                 .map(|(_, r)| grant(r, round, 1))
                 .collect();
             s.apply(&batch).expect("apply");
@@ -274,7 +274,7 @@ pub fn upkeep_between_batches_keeps_every_record<S: LeaseStore>(open: &mut impl 
         .map(|x| (x.resource.to_string(), x))
         .collect();
     for (i, r) in names.iter().enumerate() {
-        let last = (1..=ROUNDS).filter(|round| (i as u64) % round == 0).max();
+        let last = (1..=ROUNDS).filter(|round| (i as u64).is_multiple_of(*round)).max();
         let found = all.get(r);
         assert_eq!(found.as_ref().map(|x| x.last_token.get()), last, "{r}");
         assert_eq!(

@@ -111,14 +111,14 @@ pub(crate) fn next_record(current: Option<StoredResource>, m: &Mutation) -> Resu
             ttl,
             lock_delay,
         } => {
-            if let Some(cur) = &current {
-                if cur.last_token >= *token {
-                    return Err(StoreError::TokenRegression {
-                        resource: resource.to_string(),
-                        stored: cur.last_token.get(),
-                        attempted: token.get(),
-                    });
-                }
+            if let Some(cur) = &current
+                && cur.last_token >= *token
+            {
+                return Err(StoreError::TokenRegression {
+                    resource: resource.to_string(),
+                    stored: cur.last_token.get(),
+                    attempted: token.get(),
+                });
             }
             let lease = StoredLease {
                 lease_id: *lease_id,
@@ -134,13 +134,13 @@ pub(crate) fn next_record(current: Option<StoredResource>, m: &Mutation) -> Resu
             }))
         }
         Mutation::Release { token, lock_delay, .. } => Ok(current.map(|mut cur| {
-            if cur.last_token == *token {
-                if let Some(lease) = cur.lease.take() {
-                    cur.lock_delay = (!lock_delay.is_zero()).then_some(StoredLockDelay {
-                        holder: lease.holder,
-                        delay: *lock_delay,
-                    });
-                }
+            if cur.last_token == *token
+                && let Some(lease) = cur.lease.take()
+            {
+                cur.lock_delay = (!lock_delay.is_zero()).then_some(StoredLockDelay {
+                    holder: lease.holder,
+                    delay: *lock_delay,
+                });
             }
             cur
         })),

@@ -128,10 +128,10 @@ async fn an_observer_sees_term_1_holder_a_then_vacant_then_term_2_holder_b() {
 fn wait_for_line(path: &Path, limit: Duration) -> String {
     let start = std::time::Instant::now();
     loop {
-        if let Ok(s) = std::fs::read_to_string(path) {
-            if s.ends_with('\n') {
-                return s;
-            }
+        if let Ok(s) = std::fs::read_to_string(path)
+            && s.ends_with('\n')
+        {
+            return s;
         }
         assert!(start.elapsed() < limit, "{} did not appear", path.display());
         std::thread::sleep(ms(10));

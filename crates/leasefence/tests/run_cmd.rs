@@ -29,10 +29,10 @@ fn alive(pid: i32) -> bool {
 fn wait_for_file(path: &Path, limit: Duration) -> String {
     let start = Instant::now();
     loop {
-        if let Ok(s) = std::fs::read_to_string(path) {
-            if s.ends_with('\n') {
-                return s;
-            }
+        if let Ok(s) = std::fs::read_to_string(path)
+            && s.ends_with('\n')
+        {
+            return s;
         }
         assert!(start.elapsed() < limit, "{} did not appear", path.display());
         std::thread::sleep(Duration::from_millis(10));

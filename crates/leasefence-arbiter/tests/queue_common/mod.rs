@@ -308,7 +308,7 @@ pub fn plan(fx: &Effects, trials: usize, seed: u64) -> Plan {
                 old_holder: true,
             },
         );
-        if common::splitmix(&mut state) % 3 == 0 {
+        if common::splitmix(&mut state).is_multiple_of(3) {
             let j = common::splitmix(&mut state) as usize % b_count;
             lost.push(format!("{}-{i}-b{j}", fx.consumer));
         }

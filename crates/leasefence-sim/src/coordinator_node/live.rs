@@ -239,10 +239,10 @@ impl Live {
     pub(crate) fn wait_expired(&mut self, now_ms: u64, resource: &ResourceId, waiter: WaiterId) {
         self.machine.advance(MonoTime::from_millis(now_ms));
         self.absorb_effects();
-        if self.machine.cancel_waiter(resource, waiter) {
-            if let Some(w) = self.waiters.remove(&waiter) {
-                self.hold_reply(w.client, Message::Refused { req: w.req }, Answer::Plain);
-            }
+        if self.machine.cancel_waiter(resource, waiter)
+            && let Some(w) = self.waiters.remove(&waiter)
+        {
+            self.hold_reply(w.client, Message::Refused { req: w.req }, Answer::Plain);
         }
     }
 

@@ -125,15 +125,15 @@ fn check_overlaps(views: &Views, out: &mut Vec<Violation>) {
         by_start.sort();
         let mut latest: Option<(u64, Token)> = None;
         for (start, end, token) in by_start {
-            if let Some((other_end, other)) = latest {
-                if start < other_end {
-                    out.push(Violation::LeasesOverlap {
-                        resource: resource.clone(),
-                        token,
-                        other,
-                        at_ms: start,
-                    });
-                }
+            if let Some((other_end, other)) = latest
+                && start < other_end
+            {
+                out.push(Violation::LeasesOverlap {
+                    resource: resource.clone(),
+                    token,
+                    other,
+                    at_ms: start,
+                });
             }
             if latest.is_none_or(|(e, _)| end > e) {
                 latest = Some((end, token));

@@ -87,10 +87,10 @@ fn check_at(doc: &Value, schema: &Value, v: &Value, path: &str) -> Result<(), St
             return Err(format!("{path}: {v} is not of type {names:?}"));
         }
     }
-    if let Some(allowed) = s.get("enum").and_then(Value::as_array) {
-        if !allowed.contains(v) {
-            return Err(format!("{path}: {v} is not one of {allowed:?}"));
-        }
+    if let Some(allowed) = s.get("enum").and_then(Value::as_array)
+        && !allowed.contains(v)
+    {
+        return Err(format!("{path}: {v} is not one of {allowed:?}"));
     }
     bounds(s, v, path)?;
     if let Some(obj) = v.as_object() {
@@ -121,10 +121,10 @@ fn check_at(doc: &Value, schema: &Value, v: &Value, path: &str) -> Result<(), St
 
 fn bounds(s: &serde_json::Map<String, Value>, v: &Value, path: &str) -> Result<(), String> {
     let limit = |k: &str| s.get(k).and_then(Value::as_f64);
-    if let Some(n) = v.as_f64().filter(|_| v.is_number()) {
-        if limit("minimum").is_some_and(|m| n < m) || limit("maximum").is_some_and(|m| n > m) {
-            return Err(format!("{path}: {n} is out of the schema's bounds"));
-        }
+    if let Some(n) = v.as_f64().filter(|_| v.is_number())
+        && (limit("minimum").is_some_and(|m| n < m) || limit("maximum").is_some_and(|m| n > m))
+    {
+        return Err(format!("{path}: {n} is out of the schema's bounds"));
     }
     if let Some(text) = v.as_str() {
         let len = text.len() as f64;
@@ -134,10 +134,10 @@ fn bounds(s: &serde_json::Map<String, Value>, v: &Value, path: &str) -> Result<(
             ));
         }
     }
-    if let Some(arr) = v.as_array() {
-        if limit("maxItems").is_some_and(|m| arr.len() as f64 > m) {
-            return Err(format!("{path}: {} items, over maxItems", arr.len()));
-        }
+    if let Some(arr) = v.as_array()
+        && limit("maxItems").is_some_and(|m| arr.len() as f64 > m)
+    {
+        return Err(format!("{path}: {} items, over maxItems", arr.len()));
     }
     Ok(())
 }

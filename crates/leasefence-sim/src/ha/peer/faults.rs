@@ -32,11 +32,11 @@ impl PeerNode {
             self.send_call(ctx, call, msg);
         }
         let now = ctx.now;
-        if let Some(t) = self.term_mut() {
-            if now >= t.deadline_ms {
-                self.stats.woke_past_deadline += 1;
-                ctx.note(format!("coordinator {} wakes past its deadline", self.id));
-            }
+        if let Some(t) = self.term_mut()
+            && now >= t.deadline_ms
+        {
+            self.stats.woke_past_deadline += 1;
+            ctx.note(format!("coordinator {} wakes past its deadline", self.id));
         }
     }
 
