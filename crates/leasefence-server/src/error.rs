@@ -22,6 +22,12 @@ pub enum ApiError {
     /// leadership there), so it grants nothing from memory.
     #[error("coordinator unavailable: {0}")]
     Unavailable(String),
+    /// The change was sent to the shared store and the engine was lost
+    /// before it answered: it may or may not have taken effect. The
+    /// coordinator steps down and reloads; a retry finds out (a release is
+    /// safe to repeat; an acquire may find its own grant held).
+    #[error("outcome unknown: {0}")]
+    OutcomeUnknown(String),
     /// Refused by access control or a limit.
     #[error(transparent)]
     Auth(crate::auth::AuthError),
@@ -29,11 +35,13 @@ pub enum ApiError {
 
 impl ApiError {
     /// A store failure the client may retry elsewhere: the write did not
-    /// happen because this coordinator was deposed or its engine is unreachable.
+    /// happen because this coordinator was deposed or its engine is
+    /// unreachable, or it may have happened and nobody knows yet.
     pub fn from_store(e: StoreError) -> ApiError {
         match e {
             StoreError::Deposed { .. } => ApiError::NotLeader { leader: None },
             StoreError::Unavailable(msg) => ApiError::Unavailable(msg),
+            StoreError::Indeterminate(msg) => ApiError::OutcomeUnknown(msg),
             e => ApiError::Store(e),
         }
     }

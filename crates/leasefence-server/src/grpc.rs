@@ -68,6 +68,9 @@ fn status(e: ApiError) -> Status {
         ApiError::ShuttingDown => Status::unavailable("coordinator is shutting down"),
         e @ ApiError::NotLeader { .. } => not_leader(&e),
         e @ ApiError::Unavailable(_) => Status::unavailable(e.to_string()),
+        // UNAVAILABLE without an error kind: clients treat it as a call that
+        // may have been carried out, which is what it is.
+        e @ ApiError::OutcomeUnknown(_) => Status::unavailable(e.to_string()),
         ApiError::Auth(e) => auth_status(&e),
     }
 }

@@ -254,6 +254,10 @@ impl From<ApiError> for Failure {
                 StatusCode::SERVICE_UNAVAILABLE,
                 json!({ "error": "unavailable", "message": message }),
             ),
+            ApiError::OutcomeUnknown(_) => Failure(
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({ "error": "outcome_unknown", "message": message }),
+            ),
             ApiError::Auth(e) => auth::failure(&e, message),
         }
     }

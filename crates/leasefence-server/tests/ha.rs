@@ -187,3 +187,39 @@ async fn a_leader_cut_off_from_its_engine_stops_answering_and_recovers() {
     }
     a.shutdown().await;
 }
+
+/// A release that reached the engine but whose answer was lost is answered
+/// as of unknown outcome, never as `unavailable` (which says nothing was
+/// done): here it did take effect, and the coordinator, once it has reloaded,
+/// grants the resource to the next caller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_answer_was_lost_is_answered_as_of_unknown_outcome() {
+    let shared = MemoryShared::new();
+    let a = start(&shared).await;
+    until("a to lead", Duration::from_secs(5), || a.active()).await;
+    let (code, held) = post(&a.url, "/v1/acquire", json!({ "resource": "o/1", "ttl_ms": 60_000 })).await;
+    assert_eq!((code, held["token"].as_u64()), (200, Some(1)), "{held}");
+    shared.set_answers_lost(true);
+    let (code, body) = post(
+        &a.url,
+        "/v1/release",
+        json!({ "resource": "o/1", "lease_id": held["lease_id"] }),
+    )
+    .await;
+    assert_eq!((code, body["error"].as_str()), (503, Some("outcome_unknown")), "{body}");
+    shared.set_answers_lost(false);
+    let start = Instant::now();
+    loop {
+        let (code, body) = post(&a.url, "/v1/acquire", json!({ "resource": "o/1", "ttl_ms": 60_000 })).await;
+        if code == 200 {
+            assert_eq!(body["token"].as_u64(), Some(2), "the release had landed: {body}");
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the resource never came free: {code} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    a.shutdown().await;
+}

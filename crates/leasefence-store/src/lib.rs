@@ -28,6 +28,9 @@ mod memory_shared;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod shared;
+#[cfg(all(test, any(feature = "etcd", feature = "postgres")))]
+#[path = "../tests/common/proxy.rs"]
+mod test_proxy;
 mod wal;
 
 pub use committer::{BATCH_MUTATIONS, COMMIT_SECONDS, Committer, CommitterStats, Durable, Seq};
@@ -66,6 +69,12 @@ pub enum StoreError {
     /// that says nothing was written); the coordinator must not grant from memory.
     #[error("store engine unavailable: {0}")]
     Unavailable(String),
+    /// A shared store's write that may or may not have taken effect: it was
+    /// sent, and the engine was lost (or fell silent) before it answered. The
+    /// coordinator must neither report it as done nor as not done; it stops
+    /// writing and reloads what the engine holds before it grants again.
+    #[error("store write of unknown outcome (it may or may not have taken effect): {0}")]
+    Indeterminate(String),
     #[error("store writer is closed")]
     Closed,
 }

@@ -20,6 +20,8 @@ struct State {
     leader: Option<(String, Instant)>,
     /// Set by a test: every call fails as an unreachable engine would.
     unreachable: bool,
+    /// Set by a test: every write takes effect, and its answer is lost.
+    answers_lost: bool,
 }
 
 /// The engine's clock: what "now" is when leadership expiry is judged.
@@ -71,6 +73,12 @@ impl MemoryShared {
     /// Makes the engine unreachable (`true`) or reachable again, for tests.
     pub fn set_unreachable(&self, unreachable: bool) {
         self.lock().unreachable = unreachable;
+    }
+
+    /// Makes every write take effect and then fail as a write whose answer
+    /// was lost (`true`), or answer again, for tests.
+    pub fn set_answers_lost(&self, lost: bool) {
+        self.lock().answers_lost = lost;
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -174,7 +182,13 @@ impl LeaseStore for MemoryWriter {
         if s.epoch != self.epoch {
             return Err(deposed(self.epoch, &s));
         }
-        self.shared.records.clone().apply(batch)
+        self.shared.records.clone().apply(batch)?;
+        if s.answers_lost {
+            return Err(StoreError::Indeterminate(
+                "the in-memory engine is set to lose its answers".into(),
+            ));
+        }
+        Ok(())
     }
 }
 

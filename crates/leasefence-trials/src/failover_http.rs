@@ -15,7 +15,8 @@ pub enum Answer {
     /// 503 `not_leader`: the active coordinator's URL, when it knows one.
     NotLeader { leader: Option<String> },
     /// 503 `unavailable` (its engine cannot be reached, or its leadership is
-    /// no longer confirmed).
+    /// no longer confirmed) or `outcome_unknown` (it lost its engine while
+    /// writing): either way, try another coordinator.
     Unavailable,
     /// Any other answer that refuses (busy, …): the status code.
     Refused(u16),
@@ -36,7 +37,7 @@ pub fn classify(code: u16, body: &Value) -> Answer {
         (503, Some("not_leader")) => Answer::NotLeader {
             leader: body["leader"].as_str().map(str::to_string),
         },
-        (503, Some("unavailable")) => Answer::Unavailable,
+        (503, Some("unavailable" | "outcome_unknown")) => Answer::Unavailable,
         (code, _) => Answer::Refused(code),
     }
 }
@@ -137,6 +138,7 @@ mod tests {
         let none = json!({"error": "not_leader", "leader": null});
         assert_eq!(classify(503, &none), Answer::NotLeader { leader: None });
         assert_eq!(classify(503, &json!({"error": "unavailable"})), Answer::Unavailable);
+        assert_eq!(classify(503, &json!({"error": "outcome_unknown"})), Answer::Unavailable);
         assert_eq!(classify(409, &json!({"error": "busy"})), Answer::Refused(409));
         assert_eq!(classify(200, &json!({})), Answer::Unanswered);
     }

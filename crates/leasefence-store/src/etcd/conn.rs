@@ -123,7 +123,8 @@ impl Conn {
     /// member only when the failed one certainly did not take it (refused the
     /// connection, or has no leader): a write that may have reached etcd is
     /// never sent twice, as its effect could then land twice. The call fails
-    /// instead, and the next call goes to the next member.
+    /// instead with [`StoreError::Indeterminate`], and the next call goes to
+    /// the next member.
     pub(super) fn write<T, F, Fut>(&self, what: &str, f: F) -> Result<T, StoreError>
     where
         F: FnMut(Client) -> Fut,
@@ -160,7 +161,15 @@ impl Conn {
                 Resend::Always => true,
                 Resend::IfNotTaken => not_taken,
             };
-            if !again || tries == 0 {
+            if !again {
+                // A write that may have reached etcd: "unavailable" would say
+                // nothing was written, which nobody knows.
+                return Err(match err {
+                    StoreError::Unavailable(m) => StoreError::Indeterminate(m),
+                    other => other,
+                });
+            }
+            if tries == 0 {
                 return Err(err);
             }
         }

@@ -51,6 +51,9 @@ pub(crate) struct Statements {
 pub(crate) struct Live {
     pub client: Client,
     pub st: Statements,
+    /// Set by a call once it has sent its COMMIT: from then on a timeout
+    /// leaves the outcome unknown.
+    pub committing: std::cell::Cell<bool>,
 }
 
 pub(crate) struct Conn {
@@ -106,13 +109,20 @@ impl Conn {
                 let Some(l) = live.as_ref() else {
                     return Err(StoreError::Closed);
                 };
+                l.committing.set(false);
                 let out = tokio::time::timeout(limit, f(l)).await;
                 let failure = match out {
                     Ok(Ok(v)) => return Ok(v),
                     Ok(Err(failure)) => failure,
                     Err(_) => {
+                        let committing = l.committing.get();
                         *live = None;
-                        return Err(timed_out("waiting for PostgreSQL", limit));
+                        return Err(match timed_out("waiting for PostgreSQL", limit) {
+                            StoreError::Unavailable(m) if committing => StoreError::Indeterminate(format!(
+                                "{m}, after sending COMMIT: the batch may or may not have committed"
+                            )),
+                            e => e,
+                        });
                     }
                 };
                 if !matches!(failure, Fail::Refused { clean: true, .. }) {
@@ -165,7 +175,11 @@ async fn connect(pg: &tokio_postgres::Config, schema: &Schema, limit: Duration) 
         .await?;
     ensure_schema(&mut client, schema).await?;
     let st = prepare(&client, schema).await?;
-    Ok(Live { client, st })
+    Ok(Live {
+        client,
+        st,
+        committing: std::cell::Cell::new(false),
+    })
 }
 
 /// Installs the schema unless this version is there already (so a
@@ -283,7 +297,7 @@ fn classify_fail(f: Fail) -> StoreError {
     match f {
         Fail::Pg(e) => classify(e),
         Fail::Committing(e) => match classify(e) {
-            StoreError::Unavailable(m) => StoreError::Unavailable(format!(
+            StoreError::Unavailable(m) => StoreError::Indeterminate(format!(
                 "{m} (while committing: the batch may or may not have committed)"
             )),
             other => other,

@@ -1,7 +1,8 @@
 //! A leader paused in the middle of a batch, between its epoch check and its
 //! commit, against the real PostgreSQL of `LEASEFENCE_TEST_POSTGRES_URL`
 //! (skipped when unset, failing under `CI=true`). Here, not in `tests/`,
-//! because only the crate can pause a writer there.
+//! because only the crate can pause a writer there. And a commit whose
+//! answer is lost, which the store must report as of unknown outcome.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
@@ -48,7 +49,11 @@ impl TestSchema {
     }
 
     fn open(&self, call_timeout: Duration) -> PostgresShared {
-        let config = PostgresConfig::new(&self.url)
+        self.open_at(&self.url, call_timeout)
+    }
+
+    fn open_at(&self, url: &str, call_timeout: Duration) -> PostgresShared {
+        let config = PostgresConfig::new(url)
             .and_then(|c| c.with_schema(&self.name))
             .and_then(|c| c.with_call_timeout(call_timeout))
             .expect("valid config");
@@ -169,8 +174,10 @@ fn a_leader_paused_mid_batch_writes_nothing_and_does_not_hold_up_the_takeover() 
         nw.apply(&[grant("p/paused", 5, 1)]).expect("the new leader writes");
         let _ = wake_tx.send(());
         let woke = writing.join().expect("writer");
+        // The session ended under it, so from where it stands its COMMIT
+        // may or may not have landed; the new leader's load says it did not.
         assert!(
-            matches!(woke, Err(StoreError::Unavailable(_))),
+            matches!(woke, Err(StoreError::Indeterminate(_))),
             "the paused batch fails: {woke:?}"
         );
         assert_eq!(held(&mut nw, "p/paused"), Some(5), "nothing of the paused batch landed");
@@ -182,5 +189,54 @@ fn a_leader_paused_mid_batch_writes_nothing_and_does_not_hold_up_the_takeover() 
             epoch: old,
             current: old + 1
         })
+    );
+}
+
+/// A batch whose COMMIT reached PostgreSQL and took effect, but whose answer
+/// never came back, is not "unavailable" (which says nothing was written):
+/// the store reports its outcome as unknown.
+#[test]
+fn a_commit_whose_answer_is_lost_is_of_unknown_outcome() {
+    let Some(url) = url() else { return };
+    let pg: tokio_postgres::Config = url.parse().expect("test URL");
+    let host = match pg.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        _ => "127.0.0.1".to_string(),
+    };
+    let port = pg.get_ports().first().copied().unwrap_or(5432);
+    let upstream = std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), port))
+        .ok()
+        .and_then(|mut a| a.next())
+        .expect("the test URL's address");
+    let proxy = Arc::new(crate::test_proxy::Proxy::start(upstream));
+    let mut through = format!("host={} port={}", proxy.addr().ip(), proxy.addr().port());
+    if let Some(user) = pg.get_user() {
+        through.push_str(&format!(" user='{user}'"));
+    }
+    if let Some(db) = pg.get_dbname() {
+        through.push_str(&format!(" dbname='{db}'"));
+    }
+    let schema = TestSchema::new(&url, "lost");
+    let a = schema.open_at(&through, Duration::from_millis(800));
+    let epoch = a
+        .campaign("http://a.example:7070", Duration::from_secs(60))
+        .expect("campaign")
+        .expect("wins");
+    let mut w = a.writer(epoch).expect("writer");
+    w.apply(&[grant("p/lost", 1, 1)]).expect("writes through the proxy");
+    let held_back = Arc::clone(&proxy);
+    // Past the epoch check: the upsert and the COMMIT still reach the server.
+    w.pause = Some(Arc::new(move || held_back.hold_replies()));
+    let lost = w.apply(&[grant("p/lost", 2, 1)]);
+    assert!(
+        matches!(lost, Err(StoreError::Indeterminate(_))),
+        "a commit whose answer was lost: {lost:?}"
+    );
+    proxy.restore();
+    let mut direct = schema.open(Duration::from_secs(5)).writer(epoch).expect("writer");
+    assert_eq!(
+        held(&mut direct, "p/lost"),
+        Some(2),
+        "the batch committed although its answer was lost"
     );
 }

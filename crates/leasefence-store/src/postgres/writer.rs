@@ -93,6 +93,7 @@ impl LeaseStore for PostgresWriter {
                 pause();
             }
             let params: [&(dyn ToSql + Sync); 4] = [&shard, &epoch_sql, &resources, &records];
+            live.committing.set(true);
             let upsert = c.execute(&live.st.upsert, &params);
             // An upsert that fails aborts the transaction: the COMMIT sent
             // behind it then rolls back, and the upsert's error is returned.

@@ -1,7 +1,11 @@
-//! A TCP proxy in front of the real PostgreSQL, so a test can take the engine
-//! away from a store (`cut`: every connection is closed and new ones are
-//! closed on arrival), hang it (`hold`: bytes stop flowing, sockets stay
-//! open), and give it back (`restore`).
+//! A TCP proxy in front of a real engine (PostgreSQL, etcd), so a test can
+//! take the engine away from a store (`cut`: every connection is closed and
+//! new ones are closed on arrival), hang it (`hold`: bytes stop flowing,
+//! sockets stay open), lose its answers (`hold_replies`: requests still reach
+//! the engine, nothing comes back), and give it back (`restore`). The crate's
+//! own tests load it too, so each user takes only some of it.
+
+#![allow(dead_code)]
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -12,6 +16,7 @@ use std::time::Duration;
 const FLOWING: u8 = 0;
 const HELD: u8 = 1;
 const CUT: u8 = 2;
+const REPLIES_HELD: u8 = 3;
 
 struct State {
     mode: AtomicU8,
@@ -46,8 +51,8 @@ impl Proxy {
                         accepting.sockets.lock().expect("sockets").push(c);
                     }
                 }
-                pump(&accepting, &client, &server);
-                pump(&accepting, &server, &client);
+                pump(&accepting, &client, &server, Direction::Request);
+                pump(&accepting, &server, &client, Direction::Reply);
             }
         });
         Proxy { addr, state }
@@ -68,12 +73,24 @@ impl Proxy {
         self.state.mode.store(HELD, Ordering::SeqCst);
     }
 
+    /// Requests still reach the engine (and take effect there); its answers
+    /// stop at the proxy until [`Proxy::restore`].
+    pub fn hold_replies(&self) {
+        self.state.mode.store(REPLIES_HELD, Ordering::SeqCst);
+    }
+
     pub fn restore(&self) {
         self.state.mode.store(FLOWING, Ordering::SeqCst);
     }
 }
 
-fn pump(state: &Arc<State>, from: &TcpStream, to: &TcpStream) {
+#[derive(Clone, Copy, PartialEq)]
+enum Direction {
+    Request,
+    Reply,
+}
+
+fn pump(state: &Arc<State>, from: &TcpStream, to: &TcpStream, direction: Direction) {
     let (Ok(mut from), Ok(mut to)) = (from.try_clone(), to.try_clone()) else {
         return;
     };
@@ -85,7 +102,7 @@ fn pump(state: &Arc<State>, from: &TcpStream, to: &TcpStream) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
-            while state.mode.load(Ordering::SeqCst) == HELD {
+            while held(state.mode.load(Ordering::SeqCst), direction) {
                 std::thread::sleep(Duration::from_millis(5));
             }
             if state.mode.load(Ordering::SeqCst) == CUT || to.write_all(&buf[..n]).is_err() {
@@ -95,4 +112,8 @@ fn pump(state: &Arc<State>, from: &TcpStream, to: &TcpStream) {
         let _ = to.shutdown(Shutdown::Both);
         let _ = from.shutdown(Shutdown::Both);
     });
+}
+
+fn held(mode: u8, direction: Direction) -> bool {
+    mode == HELD || (mode == REPLIES_HELD && direction == Direction::Reply)
 }

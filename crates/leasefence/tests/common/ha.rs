@@ -217,11 +217,16 @@ async fn client(
                 let release_sent = Instant::now();
                 let rel = json!({ "resource": resource, "lease_id": v["lease_id"] });
                 let done = http.post(format!("{}/v1/release", urls[at])).json(&rel).send().await;
-                // A 503 did nothing; any other answer, or none, may have released it.
-                let release_sent = match done {
-                    Ok(r) if r.status().as_u16() == 503 => None,
-                    _ => Some(release_sent),
+                // A 503 did nothing, unless it says the outcome is unknown;
+                // any other answer, or none, may have released it.
+                let did_nothing = match done {
+                    Ok(r) if r.status().as_u16() == 503 => {
+                        let v: Value = r.json().await.unwrap_or(Value::Null);
+                        v["error"] != "outcome_unknown"
+                    }
+                    _ => false,
                 };
+                let release_sent = (!did_nothing).then_some(release_sent);
                 history.lock().expect("history").push(Granted {
                     resource,
                     token,

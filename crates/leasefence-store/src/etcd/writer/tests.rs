@@ -2,6 +2,7 @@
 //! (`LEASEFENCE_TEST_ETCD_URL`): a batch read while leading and written after
 //! a takeover, or after its records changed, writes nothing. (The read alone
 //! would let such a batch through; only the transaction's compares stop it.)
+//! And a write whose answer is lost is reported as of unknown outcome.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -12,9 +13,9 @@ use crate::{LeaseStore, SharedStore, StoreError};
 
 const TTL: Duration = Duration::from_secs(60);
 
-/// A store under a fresh prefix, or `None` (skipped) without etcd; under
-/// `CI=true` a missing etcd fails.
-fn stores(test: &str) -> Option<(EtcdShared, EtcdShared)> {
+/// The test member's URL, or `None` (skipped) without etcd; under `CI=true`
+/// a missing etcd fails.
+fn url() -> Option<String> {
     let Ok(url) = std::env::var("LEASEFENCE_TEST_ETCD_URL") else {
         assert_ne!(
             std::env::var("CI").as_deref(),
@@ -24,8 +25,18 @@ fn stores(test: &str) -> Option<(EtcdShared, EtcdShared)> {
         eprintln!("skipped: LEASEFENCE_TEST_ETCD_URL not set");
         return None;
     };
+    Some(url)
+}
+
+fn unique_prefix(test: &str) -> String {
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-    let prefix = format!("/leasefence-test/{test}-{}-{nanos}/", std::process::id());
+    format!("/leasefence-test/{test}-{}-{nanos}/", std::process::id())
+}
+
+/// A store under a fresh prefix, or `None` (skipped) without etcd.
+fn stores(test: &str) -> Option<(EtcdShared, EtcdShared)> {
+    let url = url()?;
+    let prefix = unique_prefix(test);
     let open = || {
         let config = EtcdConfig::from_url(&url)
             .and_then(|c| c.with_prefix(&prefix))
@@ -124,4 +135,51 @@ fn every_record_carries_the_epoch_of_the_leader_that_wrote_it() {
     assert_eq!(epoch_of("epoch/a"), Some(one), "untouched since the first term");
     assert_eq!(epoch_of("epoch/b"), Some(two), "rewritten by the second term");
     second.resign(two).expect("resign");
+}
+
+/// A write that reached etcd and took effect there, but whose answer never
+/// came back, is not "unavailable" (which says nothing was written): the
+/// store reports its outcome as unknown.
+#[test]
+fn a_write_whose_answer_is_lost_is_of_unknown_outcome() {
+    let Some(url) = url() else { return };
+    let member = url
+        .trim_start_matches("etcd://")
+        .split(',')
+        .next()
+        .and_then(|m| std::net::ToSocketAddrs::to_socket_addrs(m).ok())
+        .and_then(|mut a| a.next())
+        .expect("the test URL names a member");
+    let proxy = crate::test_proxy::Proxy::start(member);
+    let prefix = unique_prefix("lost-answer");
+    let config = EtcdConfig::from_url(&format!("etcd://{}", proxy.addr()))
+        .and_then(|c| c.with_prefix(&prefix))
+        .and_then(|c| c.with_timeouts(Duration::from_secs(2), Duration::from_millis(800)))
+        .expect("valid config");
+    let s = EtcdShared::connect(config).expect("connect");
+    let epoch = s.campaign("http://s", TTL).expect("campaign").expect("leads");
+    let w = s.writer(epoch).expect("writer");
+    let r = ResourceId::new("lost/a").expect("valid");
+    let plan = w.plan(&[grant("lost/a", 1)], &[&r]).expect("read");
+
+    proxy.hold_replies();
+    let lost = w.commit(plan);
+    assert!(
+        matches!(lost, Err(StoreError::Indeterminate(_))),
+        "a write whose answer was lost: {lost:?}"
+    );
+    proxy.restore();
+    let direct = EtcdShared::connect(
+        EtcdConfig::from_url(&url)
+            .and_then(|c| c.with_prefix(&prefix))
+            .expect("valid"),
+    )
+    .expect("connect");
+    let got = direct.writer(epoch).expect("writer").load().expect("load");
+    assert_eq!(
+        got.iter().map(|r| r.last_token.get()).collect::<Vec<_>>(),
+        vec![1],
+        "the write took effect although its answer was lost"
+    );
+    direct.resign(epoch).expect("resign");
 }
