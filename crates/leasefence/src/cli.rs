@@ -229,6 +229,13 @@ pub struct ServerArg {
     /// variable: a flag shows in the process list).
     #[arg(long, env = "LEASEFENCE_AUTH_TOKEN", hide_env_values = true, value_name = "TOKEN")]
     pub token: Option<String>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+/// A client's TLS files (every client command, `bench` too).
+#[derive(Args, Debug)]
+pub struct TlsArgs {
     /// For https:// coordinators: the CA certificate(s) (PEM) that issued
     /// theirs (default: the system's roots).
     #[arg(long, env = "LEASEFENCE_CA", value_name = "FILE")]
@@ -259,29 +266,8 @@ impl ServerArg {
         })
     }
 
-    /// `--ca`, `--cert` and `--key`, read and checked; `None` without any.
     fn tls(&self) -> Result<Option<ClientTls>, Failure> {
-        if self.ca.is_none() && self.cert.is_none() {
-            return Ok(None);
-        }
-        let read = |flag: &str, path: &PathBuf| {
-            std::fs::read(path).map_err(|e| Failure::invalid(format!("{flag} {}: cannot read it: {e}", path.display())))
-        };
-        let bad = |flag: &str, path: &PathBuf, e: leasefence_core::Invalid| {
-            Failure::invalid(format!("{flag} {}: {}", path.display(), e.message()))
-        };
-        let mut tls = ClientTls::new();
-        if let Some(path) = &self.ca {
-            tls = tls.with_ca_pem(read("--ca", path)?).map_err(|e| bad("--ca", path, e))?;
-        }
-        if let (Some(cert), Some(key)) = (&self.cert, &self.key) {
-            let (cert_pem, key_pem) = (read("--cert", cert)?, read("--key", key)?);
-            tls = tls.with_identity_pem(cert_pem, key_pem).map_err(|e| match e.field() {
-                "key" => bad("--key", key, e),
-                _ => bad("--cert", cert, e),
-            })?;
-        }
-        Ok(Some(tls))
+        self.tls.read()
     }
 
     /// A client of the `--server` coordinators with `--timeout` and
@@ -296,9 +282,9 @@ impl ServerArg {
     /// child's own calls (paths, never the files' contents).
     pub fn tls_env(&self) -> Vec<(&'static str, &Path)> {
         [
-            ("LEASEFENCE_CA", &self.ca),
-            ("LEASEFENCE_CERT", &self.cert),
-            ("LEASEFENCE_KEY", &self.key),
+            ("LEASEFENCE_CA", &self.tls.ca),
+            ("LEASEFENCE_CERT", &self.tls.cert),
+            ("LEASEFENCE_KEY", &self.tls.key),
         ]
         .into_iter()
         .filter_map(|(name, path)| path.as_deref().map(|p| (name, p)))
@@ -377,5 +363,34 @@ pub async fn run(cli: Cli) -> CmdResult {
             clap_complete::generate(a.shell, &mut command, "leasefence", &mut std::io::stdout());
             Ok(())
         }
+    }
+}
+
+impl TlsArgs {
+    /// The TLS settings these flags give (the files read and checked, each
+    /// error naming its flag and file); `None` without any.
+    pub fn read(&self) -> Result<Option<ClientTls>, Failure> {
+        let (ca, cert, key) = (self.ca.as_deref(), self.cert.as_deref(), self.key.as_deref());
+        if ca.is_none() && cert.is_none() {
+            return Ok(None);
+        }
+        let read = |flag: &str, path: &Path| {
+            std::fs::read(path).map_err(|e| Failure::invalid(format!("{flag} {}: cannot read it: {e}", path.display())))
+        };
+        let bad = |flag: &str, path: &Path, e: leasefence_core::Invalid| {
+            Failure::invalid(format!("{flag} {}: {}", path.display(), e.message()))
+        };
+        let mut tls = ClientTls::new();
+        if let Some(path) = ca {
+            tls = tls.with_ca_pem(read("--ca", path)?).map_err(|e| bad("--ca", path, e))?;
+        }
+        if let (Some(cert), Some(key)) = (cert, key) {
+            let (cert_pem, key_pem) = (read("--cert", cert)?, read("--key", key)?);
+            tls = tls.with_identity_pem(cert_pem, key_pem).map_err(|e| match e.field() {
+                "key" => bad("--key", key, e),
+                _ => bad("--cert", cert, e),
+            })?;
+        }
+        Ok(Some(tls))
     }
 }

@@ -323,3 +323,58 @@ fn sigterm_stops_a_tls_coordinator_with_connections_open() {
     };
     assert!(status.success(), "exits 0: {status:?}");
 }
+
+#[test]
+fn bench_measures_a_tls_coordinator_with_ca_cert_and_key() {
+    let (ca, client_ca, files) = (Ca::new("server CA"), Ca::new("client CA"), Files::new());
+    let (leaf, client) = (ca.server(), client_ca.client());
+    let paths = [
+        files.write("server.pem", &leaf.cert),
+        files.write("server.key", &leaf.key),
+        files.write("client-ca.pem", &client_ca.pem),
+        files.write("ca.pem", &ca.pem),
+        files.write("client.pem", &client.cert),
+        files.write("client.key", &client.key),
+    ];
+    let [cert, key, client_ca_file, ca_file, client_cert, client_key] = paths.each_ref().map(|p| s(p));
+    let data = files.path().join("data");
+    let served = serve(
+        &data,
+        &["--tls-cert", cert, "--tls-key", key, "--tls-client-ca", client_ca_file],
+    );
+    let https = format!("https://{}", served.addr);
+    let bench = |extra: &[&str]| {
+        let mut args = vec![
+            "bench",
+            "--server",
+            &https,
+            "--clients",
+            "2",
+            "--duration",
+            "300ms",
+            "--rounds",
+            "1",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        cli(&args)
+    };
+
+    let (code, out, err) = bench(&["--ca", ca_file, "--cert", client_cert, "--key", client_key]);
+    assert_eq!(code, 0, "bench over mutual TLS: {out}{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).expect("one JSON object");
+    let run = &report["runs"][0];
+    assert_eq!(run["target"], "leasefence", "{report}");
+    assert_eq!(run["errors"], 0, "{report}");
+    assert!(run["ops_per_s"].as_f64().is_some_and(|n| n > 0.0), "{report}");
+
+    // Without the client certificate the coordinator refuses every call, and
+    // bench says so before it measures anything.
+    let (code, _, err) = bench(&["--ca", ca_file]);
+    assert_ne!(code, 0, "{err}");
+    assert!(err.contains("client certificate"), "{err}");
+    // A --cert without --key is refused by the flags.
+    let (code, _, err) = bench(&["--ca", ca_file, "--cert", client_cert]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--key"), "{err}");
+}

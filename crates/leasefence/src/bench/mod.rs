@@ -48,6 +48,8 @@ pub struct BenchArgs {
     /// Bearer token for a `--server` with access control (as for the other commands).
     #[arg(long, env = "LEASEFENCE_AUTH_TOKEN", hide_env_values = true, value_name = "TOKEN")]
     pub token: Option<String>,
+    #[command(flatten)]
+    pub tls: crate::cli::TlsArgs,
     /// Peers to measure beside leasefence, comma-separated: etcd (needs the
     /// `etcd` feature), redis, noop (two of our cheapest calls per cycle).
     #[arg(long, value_enum, value_delimiter = ',', value_name = "PEER,...")]
@@ -78,7 +80,7 @@ pub struct BenchArgs {
     /// Instead of the comparison: for each count, a server over a store of
     /// that many idle resources; reports restart time, RSS per idle resource
     /// and one client's p50 (interleaved rounds). E.g. `--idle 1000,1000000`.
-    #[arg(long, value_delimiter = ',', value_name = "N,...", conflicts_with_all = ["server", "compare", "clients", "resources"])]
+    #[arg(long, value_delimiter = ',', value_name = "N,...", conflicts_with_all = ["server", "compare", "clients", "resources", "ca", "cert"])]
     pub idle: Vec<u64>,
 }
 
@@ -127,6 +129,7 @@ pub async fn run(a: BenchArgs) -> CmdResult {
     let ep = Endpoints {
         server,
         token: a.token.clone(),
+        tls: a.tls.read()?,
         redis: plan.redis.clone(),
         etcd: plan.etcd.clone(),
     };

@@ -143,6 +143,7 @@ async fn round(url: &str, duration: Duration) -> anyhow::Result<Histogram<u64>> 
         redis: String::new(),
         etcd: String::new(),
         token: None,
+        tls: None,
     };
     let mut w = Worker::connect(Target::Leasefence, &ep, 0, false, duration).await?;
     let key = format!("hot/{}", std::process::id());

@@ -34,6 +34,8 @@ const UNLOCK: &str =
 pub struct Endpoints {
     pub server: Vec<String>,
     pub token: Option<String>,
+    /// For an https:// server: `--ca`, `--cert` and `--key`, read.
+    pub tls: Option<leasefence_client::ClientTls>,
     pub redis: String,
     /// host:port; read only by a build with the `etcd` feature.
     #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
@@ -72,10 +74,13 @@ impl Worker {
         let wait = if shared { WAIT } else { Duration::ZERO };
         Ok(match target {
             Target::Leasefence | Target::Noop => {
-                let options = match &ep.token {
-                    Some(t) => leasefence_client::ClientOptions::default().with_token(t.clone()),
-                    None => leasefence_client::ClientOptions::default(),
-                };
+                let mut options = leasefence_client::ClientOptions::default();
+                if let Some(t) = &ep.token {
+                    options = options.with_token(t.clone());
+                }
+                if let Some(tls) = &ep.tls {
+                    options = options.with_tls(tls.clone());
+                }
                 let client = Client::connect_any_with(&ep.server, options)
                     .await
                     .with_context(|| format!("cannot reach the coordinator at {}", ep.server.join(",")))?;
