@@ -81,7 +81,7 @@ pub fn router(node: Arc<Node>, metrics: Option<PrometheusHandle>, access: Arc<Ac
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(unknown_path)
         .layer(axum::middleware::map_response(payload_too_large))
-        .layer(axum::middleware::from_fn(refuse_declared_oversize))
+        .layer(axum::middleware::from_fn(refuse_oversize))
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
         .layer(axum::Extension(access))
         .with_state(node)
@@ -132,29 +132,62 @@ async fn method_not_allowed(method: Method, uri: Uri) -> Failure {
     )
 }
 
-/// A body over [`BODY_BYTES_MAX`] is refused by the body extractor, before
-/// any handler runs, with a plain-text 413 (no handler of ours answers 413):
-/// say it in JSON like every other refusal.
 /// The most bytes of a refused body read (and dropped) so that its client
 /// gets the 413, and for how long.
 const DRAIN_BYTES_MAX: usize = 16 << 20;
 const DRAIN_TIME_MAX: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// A body whose `Content-Length` is over [`BODY_BYTES_MAX`] is refused before
-/// a handler runs, and read to its end (up to [`DRAIN_BYTES_MAX`] within
-/// [`DRAIN_TIME_MAX`]) before the answer: a server that closes with a body
-/// still unread resets the connection, and the client, still writing, loses
-/// the 413 that says why.
-async fn refuse_declared_oversize(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+/// A body over [`BODY_BYTES_MAX`] is refused before a handler runs, and read
+/// to its end (up to [`DRAIN_BYTES_MAX`] within [`DRAIN_TIME_MAX`]) before
+/// the answer: a server that closes with a body still unread resets the
+/// connection, and the client, still writing, loses the 413 that says why.
+/// A declared `Content-Length` is judged at once; a body without one
+/// (chunked) is read here up to the limit and handed on whole. gRPC calls
+/// (streams among them) are left to their own limits.
+async fn refuse_oversize(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    use axum::body::HttpBody;
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_none_or(|n| n <= BODY_BYTES_MAX as u64) {
-        return next.run(req).await;
+    let grpc = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+    match declared {
+        Some(n) if n <= BODY_BYTES_MAX as u64 => return next.run(req).await,
+        Some(_) => return drain_and_refuse(req.into_body().into_data_stream()).await,
+        None if grpc || req.body().is_end_stream() => return next.run(req).await,
+        None => {}
     }
-    let mut body = req.into_body().into_data_stream();
+    let (parts, body) = req.into_parts();
+    let mut body = body.into_data_stream();
+    let mut whole: Vec<u8> = Vec::new();
+    {
+        use tokio_stream::StreamExt;
+        while let Some(chunk) = body.next().await {
+            let Ok(chunk) = chunk else {
+                let message = "the request body could not be read to its end";
+                return Failure(
+                    StatusCode::BAD_REQUEST,
+                    json!({ "error": "invalid", "message": message }),
+                )
+                .into_response();
+            };
+            if whole.len() + chunk.len() > BODY_BYTES_MAX {
+                return drain_and_refuse(body).await;
+            }
+            whole.extend_from_slice(&chunk);
+        }
+    }
+    let req = axum::extract::Request::from_parts(parts, axum::body::Body::from(whole));
+    next.run(req).await
+}
+
+/// Reads what is left of a refused body (bounded), then answers 413 and
+/// closes the connection.
+async fn drain_and_refuse(mut body: axum::body::BodyDataStream) -> Response {
     let _ = tokio::time::timeout(DRAIN_TIME_MAX, async {
         use tokio_stream::StreamExt;
         let mut read = 0usize;
@@ -173,6 +206,8 @@ async fn refuse_declared_oversize(req: axum::extract::Request, next: axum::middl
     response
 }
 
+/// The body extractor's own 413 is plain text (no handler of ours answers
+/// 413): say it in JSON like every other refusal.
 async fn payload_too_large(response: Response) -> Response {
     if response.status() != StatusCode::PAYLOAD_TOO_LARGE {
         return response;

@@ -93,6 +93,74 @@ async fn an_oversize_body_gets_a_json_413_naming_the_limit() {
     }
 }
 
+/// A chunked body (no `Content-Length`) over the limit gets the same 413,
+/// and the client, still sending, receives it and gets its whole body taken
+/// (a server that stops reading resets the connection, and the answer with it).
+#[test]
+fn an_oversize_chunked_body_gets_a_json_413_too() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Coordinator::start(dir.path(), &[]);
+    let addr = server.url.trim_start_matches("http://").to_string();
+    for size in [BODY_BYTES_MAX + 1, 3 << 20] {
+        let mut conn = std::net::TcpStream::connect(&addr).expect("connect");
+        conn.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .expect("timeout");
+        let mut writer = conn.try_clone().expect("clone");
+        // A server that stops reading stalls the sender: an error, not a hang.
+        writer
+            .set_write_timeout(Some(std::time::Duration::from_secs(10)))
+            .expect("timeout");
+        let sending = std::thread::spawn(move || -> std::io::Result<()> {
+            writer.write_all(b"POST /v1/acquire HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n")?;
+            let chunk = vec![b' '; 16 << 10];
+            let mut sent = 0;
+            while sent < size {
+                let n = chunk.len().min(size - sent);
+                writer.write_all(format!("{n:x}\r\n").as_bytes())?;
+                writer.write_all(&chunk[..n])?;
+                writer.write_all(b"\r\n")?;
+                sent += n;
+            }
+            writer.write_all(b"0\r\n\r\n")
+        });
+        let answer = read_response(&mut conn);
+        let sent = sending.join().expect("sender");
+        assert!(
+            answer.starts_with("HTTP/1.1 413"),
+            "{size} bytes, chunked (sending: {sent:?}): {answer:?}"
+        );
+        assert!(answer.contains("\"payload_too_large\""), "{size} bytes: {answer}");
+        assert!(sent.is_ok(), "{size} bytes: the whole body was taken: {sent:?}");
+    }
+}
+
+/// One HTTP/1.1 response (head and a `Content-Length` body) read from `conn`.
+fn read_response(conn: &mut std::net::TcpStream) -> String {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&got).to_string();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let length = text[..end]
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().to_string())
+                })
+                .and_then(|v| v.parse::<usize>().ok());
+            if length.is_some_and(|n| got.len() >= end + 4 + n) {
+                return text;
+            }
+        }
+        match conn.read(&mut buf) {
+            Ok(0) | Err(_) => return text,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
 /// `serve` with its stderr piped (not a terminal) and `extra` arguments; the
 /// logs it wrote until it stopped on SIGTERM, once it had answered a request.
 async fn serve_logs(extra: &[&str]) -> String {
