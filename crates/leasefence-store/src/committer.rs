@@ -146,6 +146,10 @@ impl Committer {
 pub const COMMIT_SECONDS: &str = "leasefence_store_commit_seconds";
 /// How many mutations one commit carried: a histogram.
 pub const BATCH_MUTATIONS: &str = "leasefence_store_batch_mutations";
+/// How long one checkpoint of the embedded store took (its commit log folded
+/// into its tree, in one durable transaction; the writer waits for it), in
+/// seconds: a histogram.
+pub const CHECKPOINT_SECONDS: &str = "leasefence_store_checkpoint_seconds";
 
 fn write_loop<S: LeaseStore>(
     mut store: S,

@@ -103,6 +103,14 @@ impl EmbeddedStore {
     /// Moves every pending record into the tree, with the next generation, in
     /// one durable transaction; then starts the log again under it.
     fn checkpoint(&mut self) -> Result<(), StoreError> {
+        let started = std::time::Instant::now();
+        let out = self.fold();
+        metrics::histogram!(crate::CHECKPOINT_SECONDS).record(started.elapsed().as_secs_f64());
+        out
+    }
+
+    /// [`EmbeddedStore::checkpoint`]'s work, untimed.
+    fn fold(&mut self) -> Result<(), StoreError> {
         let next = self.generation + 1;
         let mut tx = self.db.begin_write().map_err(io)?;
         tx.set_durability(Durability::Immediate).map_err(io)?;

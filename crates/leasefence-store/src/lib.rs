@@ -33,7 +33,7 @@ pub mod shared;
 mod test_proxy;
 mod wal;
 
-pub use committer::{BATCH_MUTATIONS, COMMIT_SECONDS, Committer, CommitterStats, Durable, Seq};
+pub use committer::{BATCH_MUTATIONS, CHECKPOINT_SECONDS, COMMIT_SECONDS, Committer, CommitterStats, Durable, Seq};
 pub use embedded::EmbeddedStore;
 #[cfg(feature = "etcd")]
 pub use etcd::{EtcdConfig, EtcdConfigError, EtcdShared, EtcdWriter};

@@ -219,6 +219,8 @@ async fn metrics_parse_as_prometheus_text_and_move_with_traffic() {
         ("leasefence_leases_held", "gauge"),
         ("leasefence_request_seconds", "histogram"),
         ("leasefence_store_commit_seconds", "histogram"),
+        // The store checkpoints as it opens (a fresh log generation).
+        ("leasefence_store_checkpoint_seconds", "histogram"),
     ] {
         assert_eq!(after.types.get(name).map(String::as_str), Some(kind), "TYPE of {name}");
     }
@@ -239,6 +241,7 @@ fn declared_metrics() -> Vec<(String, &'static str)> {
     }
     out.push((leasefence_store::COMMIT_SECONDS.to_string(), "histogram"));
     out.push((leasefence_store::BATCH_MUTATIONS.to_string(), "histogram"));
+    out.push((leasefence_store::CHECKPOINT_SECONDS.to_string(), "histogram"));
     out
 }
 
