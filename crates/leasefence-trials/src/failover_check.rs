@@ -261,8 +261,8 @@ mod tests {
     fn failed_commits_in_the_coordinators_log_are_sorted() {
         let log: Vec<String> = [
             "T ERROR leasefence_store::committer: store commit failed; refusing further writes until restart error=deposed: epoch 2 is no longer current (the shard's epoch is 3)",
-            "T ERROR leasefence_store::committer: store commit failed; refusing further writes until restart error=store engine unavailable: PostgreSQL: connection closed (while committing)",
-            "T ERROR leasefence_store::committer: store commit failed; refusing further writes until restart error=store engine unavailable: etcd write the batch: grpc request error: code: 'The operation was cancelled', message: \"Timeout expired\"",
+            "T ERROR leasefence_store::committer: store commit failed; refusing further writes until restart error=store write of unknown outcome (it may or may not have taken effect): PostgreSQL: connection closed (while committing: the batch may or may not have committed)",
+            "T ERROR leasefence_store::committer: store commit failed; refusing further writes until restart error=store write of unknown outcome (it may or may not have taken effect): etcd write the batch: grpc request error: code: 'The operation was cancelled', message: \"Timeout expired\"",
             "T ERROR leasefence_store::committer: store commit failed; error=corrupt",
             "T ERROR something else",
         ]
