@@ -28,6 +28,9 @@ mod memory_shared;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod shared;
+#[cfg(all(test, feature = "postgres"))]
+#[path = "../tests/common/pg_route.rs"]
+mod test_pg_route;
 #[cfg(all(test, any(feature = "etcd", feature = "postgres")))]
 #[path = "../tests/common/proxy.rs"]
 mod test_proxy;

@@ -198,24 +198,8 @@ fn a_leader_paused_mid_batch_writes_nothing_and_does_not_hold_up_the_takeover() 
 #[test]
 fn a_commit_whose_answer_is_lost_is_of_unknown_outcome() {
     let Some(url) = url() else { return };
-    let pg: tokio_postgres::Config = url.parse().expect("test URL");
-    let host = match pg.get_hosts().first() {
-        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
-        _ => "127.0.0.1".to_string(),
-    };
-    let port = pg.get_ports().first().copied().unwrap_or(5432);
-    let upstream = std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), port))
-        .ok()
-        .and_then(|mut a| a.next())
-        .expect("the test URL's address");
-    let proxy = Arc::new(crate::test_proxy::Proxy::start(upstream));
-    let mut through = format!("host={} port={}", proxy.addr().ip(), proxy.addr().port());
-    if let Some(user) = pg.get_user() {
-        through.push_str(&format!(" user='{user}'"));
-    }
-    if let Some(db) = pg.get_dbname() {
-        through.push_str(&format!(" dbname='{db}'"));
-    }
+    let proxy = Arc::new(crate::test_proxy::Proxy::start(crate::test_pg_route::upstream(&url)));
+    let through = crate::test_pg_route::through(&url, proxy.addr());
     let schema = TestSchema::new(&url, "lost");
     let a = schema.open_at(&through, Duration::from_millis(800));
     let epoch = a
