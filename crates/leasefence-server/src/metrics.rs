@@ -16,10 +16,24 @@ const SECONDS_BUCKETS: [f64; 14] = [
 /// Bucket bounds of the mutations per commit.
 const BATCH_BUCKETS: [f64; 11] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0];
 
+/// How often the recorder's histogram samples are folded into its buckets
+/// when nobody scrapes (the exporter's own default).
+const UPKEEP_EVERY: Duration = Duration::from_secs(5);
+
 /// Installs a process-wide Prometheus recorder and returns the handle that
 /// renders it. Call once, from the binary; `None` if one is already installed.
 /// Histograms render as Prometheus histograms (`_bucket`, `_sum`, `_count`).
 pub fn install_prometheus() -> Option<PrometheusHandle> {
+    install_prometheus_every(UPKEEP_EVERY)
+}
+
+/// [`install_prometheus`], with its upkeep every `upkeep`.
+///
+/// The recorder keeps each histogram sample until a scrape or its upkeep
+/// folds it into the buckets, and a recorder that is built rather than
+/// installed with an exporter has no upkeep of its own: without this thread
+/// a coordinator nobody scrapes would grow by every call it answers.
+pub fn install_prometheus_every(upkeep: Duration) -> Option<PrometheusHandle> {
     let recorder = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &SECONDS_BUCKETS)
         .and_then(|b| b.set_buckets_for_metric(Matcher::Full(leasefence_store::BATCH_MUTATIONS.into()), &BATCH_BUCKETS))
@@ -27,6 +41,18 @@ pub fn install_prometheus() -> Option<PrometheusHandle> {
         .build_recorder();
     let handle = recorder.handle();
     metrics::set_global_recorder(recorder).ok()?;
+    let kept = handle.clone();
+    let spawned = std::thread::Builder::new()
+        .name("leasefence-metrics-upkeep".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(upkeep);
+                kept.run_upkeep();
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start the metrics upkeep thread; histograms are folded only when scraped");
+    }
     Some(handle)
 }
 
