@@ -15,6 +15,9 @@ pub struct ServerConfig {
     pub wait_max: Duration,
     /// The most mutations in one store transaction.
     pub batch_max: usize,
+    /// How long the store's writer looks for more work after a commit before
+    /// it sleeps (see `leasefence_store::Committer::start_with`).
+    pub commit_spin: Duration,
     /// Renders `GET /metrics`; `None` serves 404 there.
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     /// Signs every grant's fence (see `leasefence_core::signing`); `None`: unsigned.
@@ -41,6 +44,7 @@ impl ServerConfig {
             lease: leasefence_core::Config::default(),
             wait_max: Self::DEFAULT_WAIT_MAX,
             batch_max: Self::DEFAULT_BATCH_MAX,
+            commit_spin: leasefence_store::IDLE_SPIN,
             metrics: None,
             fence_key: None,
             policy: None,

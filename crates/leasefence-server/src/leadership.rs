@@ -85,6 +85,7 @@ pub(crate) struct EngineSetup {
     pub lease: Config,
     pub wait_max: Duration,
     pub batch_max: usize,
+    pub commit_spin: Duration,
 }
 
 /// Runs `f` on a blocking thread (the shared stores' calls block).
@@ -195,7 +196,7 @@ async fn start_engine<S: SharedStore>(
         Ok((writer, records))
     })
     .await?;
-    let committer = Committer::start(writer, setup.batch_max);
+    let committer = Committer::start_with(writer, setup.batch_max, setup.commit_spin);
     Ok(Engine::start_gated(
         setup.lease.clone(),
         setup.wait_max,

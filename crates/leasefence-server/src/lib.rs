@@ -101,7 +101,7 @@ impl Server {
     pub async fn bind_with_store<S: LeaseStore>(config: ServerConfig, mut store: S) -> Result<Server, ServerError> {
         let records = store.load()?;
         let recovered = records.len();
-        let committer = Committer::start(store, config.batch_max);
+        let committer = Committer::start_with(store, config.batch_max, config.commit_spin);
         let engine = Engine::start(config.lease.clone(), config.wait_max, committer, records);
         let listener = listen(&config).await?;
         tracing::info!(resources = recovered, "store recovered");
@@ -139,6 +139,7 @@ impl Server {
             lease: config.lease.clone(),
             wait_max: config.wait_max,
             batch_max: config.batch_max,
+            commit_spin: config.commit_spin,
         };
         let election = Box::pin(leadership::run(node.clone(), Arc::new(store), setup, ha, stopped));
         Ok(Server {

@@ -36,7 +36,10 @@ mod test_pg_route;
 mod test_proxy;
 mod wal;
 
-pub use committer::{BATCH_MUTATIONS, CHECKPOINT_SECONDS, COMMIT_SECONDS, Committer, CommitterStats, Durable, Seq};
+pub use committer::{
+    BATCH_MUTATIONS, CHECKPOINT_SECONDS, COMMIT_SECONDS, Committer, CommitterStats, Durable, IDLE_SPIN, IDLE_SPIN_MAX,
+    Seq,
+};
 pub use embedded::EmbeddedStore;
 #[cfg(feature = "etcd")]
 pub use etcd::{EtcdConfig, EtcdConfigError, EtcdShared, EtcdWriter};

@@ -100,6 +100,18 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 10s, 2m)"))
 }
 
+pub(crate) fn parse_commit_spin(s: &str) -> Result<Duration, String> {
+    let spin = humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 0, 200us, 1ms)"))?;
+    let max = leasefence_store::IDLE_SPIN_MAX;
+    if spin > max {
+        return Err(format!(
+            "must be at most {} (0 turns the spin off)",
+            humantime::format_duration(max)
+        ));
+    }
+    Ok(spin)
+}
+
 #[derive(Args, Debug)]
 pub struct ServeArgs {
     /// Address for gRPC and HTTP/JSON.
@@ -126,6 +138,12 @@ pub struct ServeArgs {
     /// Longest lock-delay an acquire may ask for.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub lock_delay_max: Duration,
+    /// How long the store's writer keeps looking for work after a commit
+    /// before it sleeps: a thread woken from sleep answers later, most of all
+    /// on a virtual machine. Costs up to this much CPU per commit, none while
+    /// idle; 0 turns it off. At most 10ms.
+    #[arg(long, default_value = "200us", value_parser = parse_commit_spin)]
+    pub commit_spin: Duration,
     /// Keep the records in an engine several coordinators share, for high
     /// availability: postgres://… or etcd://HOST:PORT[,HOST:PORT…]. Without
     /// it, the embedded store under --data-dir.

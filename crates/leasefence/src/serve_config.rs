@@ -16,7 +16,7 @@ use clap::parser::ValueSource;
 use serde::Deserialize;
 
 use crate::Failure;
-use crate::cli::{LogFormat, ServeArgs, parse_duration};
+use crate::cli::{LogFormat, ServeArgs, parse_commit_spin, parse_duration};
 
 /// The file's keys: one per `serve` flag (but `--config`).
 #[derive(Debug, Default, Deserialize)]
@@ -30,6 +30,7 @@ struct ServeFile {
     wait_max: Option<String>,
     waiters_max: Option<usize>,
     lock_delay_max: Option<String>,
+    commit_spin: Option<String>,
     store: Option<String>,
     store_prefix: Option<String>,
     leader_ttl: Option<String>,
@@ -87,6 +88,9 @@ pub fn apply(a: &mut ServeArgs, m: &ArgMatches) -> Result<(), Failure> {
         if let (Some(v), true) = (value, unset(id)) {
             *slot = duration(key, v)?;
         }
+    }
+    if let (Some(v), true) = (&file.commit_spin, unset("commit_spin")) {
+        a.commit_spin = parse_commit_spin(v).map_err(|e| bad("commit-spin", format!("{v:?}: {e}")))?;
     }
     let counts: [(&str, Option<usize>, &mut usize); 6] = [
         ("waiters_max", file.waiters_max, &mut a.waiters_max),
@@ -259,6 +263,23 @@ mod tests {
             let e = serve(toml, &[]).expect_err(toml);
             assert!(e.contains(says), "{toml:?}: the error names {says}: {e}");
         }
+    }
+
+    #[test]
+    fn the_commit_spin_is_at_most_10ms_from_a_flag_or_the_file() {
+        assert_eq!(serve("", &[]).expect("valid").commit_spin, Duration::from_micros(200));
+        assert_eq!(
+            serve("commit-spin = \"0\"\n", &[]).expect("off").commit_spin,
+            Duration::ZERO
+        );
+        let a = serve("commit-spin = \"1ms\"\n", &["--commit-spin", "50us"]).expect("valid");
+        assert_eq!(a.commit_spin, Duration::from_micros(50), "the flag wins over the file");
+        let e = serve("", &["--commit-spin", "1s"]).expect_err("too long");
+        assert!(e.contains("--commit-spin") && e.contains("at most 10ms"), "{e}");
+        let e = serve("commit-spin = \"20ms\"\n", &[]).expect_err("too long");
+        assert!(e.contains("commit-spin") && e.contains("at most 10ms"), "{e}");
+        let e = serve("commit-spin = \"soon\"\n", &[]).expect_err("not a duration");
+        assert!(e.contains("commit-spin") && e.contains("200us"), "{e}");
     }
 
     #[test]

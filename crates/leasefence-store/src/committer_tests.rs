@@ -1,0 +1,63 @@
+//! The writer's idle spin: it looks for work for a while after a commit, and
+//! then sleeps instead of polling for ever.
+
+use std::time::Duration;
+
+use super::*;
+use crate::MemoryStore;
+use crate::conformance::grant;
+
+/// User plus system CPU time, in clock ticks, of this process's threads named
+/// as the writer (the kernel keeps 15 bytes of a thread's name).
+fn writer_cpu_ticks() -> u64 {
+    let mut ticks = 0;
+    let tasks = std::fs::read_dir("/proc/self/task").expect("list this process's threads");
+    for task in tasks.flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim_end() != "leasefence-stor" {
+            continue;
+        }
+        let stat = std::fs::read_to_string(task.path().join("stat")).expect("read a thread's stat");
+        // The fields after the name, which is in parentheses: state is the
+        // first, utime the 12th and stime the 13th.
+        let after = &stat[stat.rfind(')').expect("stat names the thread") + 2..];
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        ticks += fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    }
+    ticks
+}
+
+#[tokio::test]
+async fn work_after_the_writer_fell_asleep_is_still_committed() {
+    let committer = Committer::start_with(MemoryStore::new(), 16, Duration::from_micros(50));
+    let first = committer.submit(grant("sleep/a", 1, 1));
+    committer.durable(first).await.expect("committed");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let second = committer.submit(grant("sleep/b", 1, 2));
+    tokio::time::timeout(Duration::from_secs(5), committer.durable(second))
+        .await
+        .expect("the sleeping writer woke for the new job")
+        .expect("committed");
+    assert_eq!(
+        committer.stats(),
+        CommitterStats {
+            batches: 2,
+            mutations: 2
+        }
+    );
+}
+
+#[tokio::test]
+async fn an_idle_writer_sleeps_after_its_spin_even_when_asked_to_spin_for_ever() {
+    // An hour's spin is cut to IDLE_SPIN_MAX. (One test, not two: the writers
+    // of tests running beside it are counted too, and only this one spins long.)
+    let committer = Committer::start_with(MemoryStore::new(), 16, Duration::from_secs(3600));
+    let seq = committer.submit(grant("idle/a", 1, 1));
+    committer.durable(seq).await.expect("committed");
+    tokio::time::sleep(IDLE_SPIN_MAX * 3).await;
+    let before = writer_cpu_ticks();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let used = writer_cpu_ticks() - before;
+    // A writer polling all along would use about 50 ticks of 10 ms here.
+    assert!(used <= 5, "the idle writer used {used} ticks of CPU in 500 ms");
+}
