@@ -223,10 +223,6 @@ fn write_loop<S: LeaseStore>(
     }
 }
 
-#[cfg(test)]
-#[path = "committer_tests.rs"]
-mod tests;
-
 /// The next job: looked for until `spin` has passed, yielding the CPU between
 /// looks, then waited for asleep. `None` once every handle is gone.
 fn next_job(rx: &mut mpsc::UnboundedReceiver<Job>, spin: Duration) -> Option<Job> {
@@ -240,3 +236,7 @@ fn next_job(rx: &mut mpsc::UnboundedReceiver<Job>, spin: Duration) -> Option<Job
         }
     }
 }
+
+#[cfg(test)]
+#[path = "committer_tests.rs"]
+mod tests;
