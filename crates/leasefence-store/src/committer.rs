@@ -35,6 +35,9 @@ use tokio::sync::{mpsc, watch};
 
 use crate::{LeaseStore, StoreError};
 
+/// The writer thread's name.
+const WRITER_THREAD: &str = "leasefence-store-writer";
+
 /// How long the writer looks for more work after a commit before it sleeps.
 pub const IDLE_SPIN: Duration = Duration::from_micros(200);
 /// The longest spin [`Committer::start_with`] takes.
@@ -100,7 +103,7 @@ impl Committer {
         let counters = Arc::new(Counters::default());
         let c = counters.clone();
         let spawned = thread::Builder::new()
-            .name("leasefence-store-writer".into())
+            .name(WRITER_THREAD.into())
             .spawn(move || write_loop(store, rx, batch_max.max(1), spin, &c, &durable_tx));
         if let Err(e) = spawned {
             // Without a writer every wait fails with `Closed`; say why once.

@@ -8,15 +8,19 @@ use crate::MemoryStore;
 use crate::conformance::grant;
 
 /// User plus system CPU time, in clock ticks, of this process's threads named
-/// as the writer (the kernel keeps 15 bytes of a thread's name).
+/// as the writer (the kernel keeps 15 bytes of a thread's name); there must be
+/// one, or the test would measure nothing.
 fn writer_cpu_ticks() -> u64 {
+    let name = &WRITER_THREAD[..15];
+    let mut found = false;
     let mut ticks = 0;
     let tasks = std::fs::read_dir("/proc/self/task").expect("list this process's threads");
     for task in tasks.flatten() {
         let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-        if comm.trim_end() != "leasefence-stor" {
+        if comm.trim_end() != name {
             continue;
         }
+        found = true;
         let stat = std::fs::read_to_string(task.path().join("stat")).expect("read a thread's stat");
         // The fields after the name, which is in parentheses: state is the
         // first, utime the 12th and stime the 13th.
@@ -24,6 +28,7 @@ fn writer_cpu_ticks() -> u64 {
         let fields: Vec<&str> = after.split_whitespace().collect();
         ticks += fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
     }
+    assert!(found, "no thread named {name:?}: the writer's name changed");
     ticks
 }
 
