@@ -230,6 +230,23 @@ fn recovery_honours_held_leases_for_a_full_ttl_and_continues_tokens() {
 }
 
 #[test]
+fn recovery_takes_records_in_any_order_and_the_last_of_a_name_wins() {
+    let free = |name: &str, last: u64| StoredResource {
+        resource: r(name),
+        last_token: tok(last),
+        lease: None,
+        lock_delay: None,
+    };
+    // Out of key order, as a store's replayed tail follows its tree.
+    let records = vec![free("z", 5), free("a", 3), free("m", 9), free("a", 20)];
+    let mut c = Coordinator::recover(Config::default(), at(0), records);
+    assert_eq!(c.resource_count(), 3);
+    assert_eq!(granted(c.acquire(at(1), req("a", "x", 1, false))).token, tok(21));
+    assert_eq!(granted(c.acquire(at(1), req("m", "x", 2, false))).token, tok(10));
+    assert_eq!(granted(c.acquire(at(1), req("z", "x", 3, false))).token, tok(6));
+}
+
+#[test]
 fn exhausted_tokens_are_an_error_and_reject_waiters() {
     let max = tok(u64::MAX);
     let records = vec![
