@@ -30,6 +30,7 @@ mod tty;
 mod watch_cmd;
 
 use std::io::IsTerminal;
+use std::process::ExitCode;
 
 /// jemalloc rather than glibc's malloc. A call's buffers and decoded strings
 /// are allocated on one runtime thread and often freed on another, and
@@ -40,7 +41,6 @@ use std::io::IsTerminal;
 /// per idle resource and a tenth more restart time at a million.
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-use std::process::ExitCode;
 
 /// A failure with the exit code it maps to.
 #[derive(Debug)]
