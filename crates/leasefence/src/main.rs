@@ -32,10 +32,11 @@ mod watch_cmd;
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
-/// jemalloc rather than glibc's malloc. A call's buffers and decoded strings
-/// are allocated on one runtime thread and often freed on another, and
-/// 8 KiB codec buffers make glibc consolidate its fast bins on every call:
-/// its malloc was about 15% of a busy coordinator's CPU. Interleaved on the
+/// jemalloc rather than glibc's malloc. A call's decoded strings are
+/// allocated on one runtime thread and often freed on another, and each call
+/// allocates 1 KiB or more (its boxed handler future, tonic's codec buffers),
+/// which makes glibc consolidate its fast bins: glibc's malloc and free were
+/// about 15% of a busy coordinator's CPU samples. Interleaved on the
 /// machine of BENCHMARKS.md, jemalloc gave 1.24× the cycles/s at one client,
 /// 1.20× at 16 and 1.08× at 64 (medians of six pairs), at about 10 B more
 /// per idle resource and a tenth more restart time at a million.
