@@ -15,7 +15,7 @@ use super::{ConformanceTarget, Outcome, expect_state, resource, tok, unit};
 use crate::ArbiterError;
 use crate::rng::SplitMix64;
 
-/// How many fences [`signed_fences`] generates (each tried 7 ways forged and
+/// How many fences [`signed_fences`] generates (each tried 8 ways forged and
 /// twice correctly signed).
 pub const SIGNED_CASES: usize = 100;
 
@@ -77,6 +77,15 @@ fn case_token(i: usize, rng: &mut SplitMix64, max: u64) -> u64 {
 }
 
 /// Signatures that are not of the form `v1.<key id>.<64 hex digits>`.
+/// `good` with one hex digit of its MAC changed, at position `i % 64`: over
+/// the cases every digit, so that a comparison that skips part of the MAC
+/// admits one of them.
+fn one_digit_off(good: &str, i: usize) -> String {
+    let at = good.len() - 64 + i % 64;
+    let digit = if &good[at..=at] == "0" { "1" } else { "0" };
+    format!("{}{digit}{}", &good[..at], &good[at + 1..])
+}
+
 fn malformed(i: usize, good: &str) -> String {
     let (_, rest) = good.split_once('.').unwrap_or(("", good));
     match i % 8 {
@@ -131,8 +140,13 @@ pub async fn signed_fences<T: ConformanceTarget>(t: &T, keys: &SuiteKeys) {
         let plain = Fence::new(r.clone(), tok(t1));
         let good = first.sign(&plain);
         let with = |sig: String| plain.clone().with_signature(sig);
-        let forged: [(&str, Fence, SignatureError); 7] = [
+        let forged: [(&str, Fence, SignatureError); 8] = [
             ("unsigned", plain.clone(), SignatureError::Missing),
+            (
+                "the right MAC with one digit changed",
+                with(one_digit_off(&good, i)),
+                SignatureError::Mismatch,
+            ),
             (
                 "forged with a wrong secret",
                 with(forger.sign(&plain)),

@@ -170,13 +170,31 @@ local function pads(secret_hex)
 end
 
 -- HMAC-SHA256 (RFC 2104) of `msg` under the 32-byte secret given as 64 hex
--- digits, in lowercase hex.
-local function hmac_sha256_hex(secret_hex, msg)
+-- digits: its eight 32-bit words.
+local function hmac_sha256(secret_hex, msg)
     local p = pads(secret_hex)
-    local mac = sha256_continue(p[2], 64, state_bytes(sha256_continue(p[1], 64, msg)))
+    return sha256_continue(p[2], 64, state_bytes(sha256_continue(p[1], 64, msg)))
+end
+
+-- The same, in lowercase hex.
+local function hmac_sha256_hex(secret_hex, msg)
+    local mac = hmac_sha256(secret_hex, msg)
     local tohex = bit.tohex
     return tohex(mac[1]) .. tohex(mac[2]) .. tohex(mac[3]) .. tohex(mac[4])
         .. tohex(mac[5]) .. tohex(mac[6]) .. tohex(mac[7]) .. tohex(mac[8])
+end
+
+-- Whether `mac_hex` (64 hex digits, checked by the caller) is the HMAC
+-- `mac`, in time that does not depend on where they differ: every word is
+-- compared, and no string is made of the secret MAC (Lua interns strings,
+-- and interning compares bytes with those already held).
+local function mac_equal(mac, mac_hex)
+    local bor, bxor = bit.bor, bit.bxor
+    local diff = 0
+    for i = 1, 8 do
+        diff = bor(diff, bxor(mac[i], tonumber(string.sub(mac_hex, 8 * i - 7, 8 * i), 16)))
+    end
+    return diff == 0
 end
 
 local function bad_signature(reason, key_id, resource)
@@ -201,7 +219,7 @@ local function check_signature(resource, token, signature)
         return bad_signature('unknown_key', key_id, resource)
     end
     local message = 'leasefence-fence-v1\n' .. key_id .. '\n' .. resource .. '\n' .. token
-    if hmac_sha256_hex(secret, message) ~= mac then
+    if not mac_equal(hmac_sha256(secret, message), mac) then
         return bad_signature('mismatch', key_id, resource)
     end
     return nil
