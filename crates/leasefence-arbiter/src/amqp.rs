@@ -27,7 +27,7 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection};
-use leasefence_core::{Fence, HEADER_RESOURCE, HEADER_TOKEN, Invalid};
+use leasefence_core::{Fence, HEADER_RESOURCE, HEADER_SIGNATURE, HEADER_TOKEN, Invalid};
 
 use crate::propagate::{fence_from_pairs, fence_to_pairs};
 use crate::queue::{self, HandleError, Handled, Message, QueueError, Settings, Settle, Tally, Verdict};
@@ -134,7 +134,10 @@ fn fence_of(headers: Option<&FieldTable>) -> Result<Option<Fence>, Invalid> {
     let mut pairs = Vec::new();
     for (name, value) in headers.inner() {
         let name = name.as_str();
-        if !(name.eq_ignore_ascii_case(HEADER_RESOURCE) || name.eq_ignore_ascii_case(HEADER_TOKEN)) {
+        if ![HEADER_RESOURCE, HEADER_TOKEN, HEADER_SIGNATURE]
+            .iter()
+            .any(|h| name.eq_ignore_ascii_case(h))
+        {
             continue;
         }
         let value = text(value)

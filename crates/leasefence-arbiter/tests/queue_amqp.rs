@@ -1,7 +1,8 @@
 //! Fenced consumers on the real RabbitMQ of `LEASEFENCE_TEST_AMQP_URL`,
 //! applying effects to the real PostgreSQL of `LEASEFENCE_TEST_POSTGRES_URL`
-//! through its arbiter. Each test has its own queue, effects table and
-//! resources, and removes them.
+//! through its arbiter (or a keyed one in a schema of its own, for signed
+//! fences). Each test has its own queue, effects table and resources, and
+//! removes them.
 
 mod common;
 mod queue_common;
@@ -11,13 +12,14 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use lapin::options::{
-    BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, QueueDeclareOptions, QueueDeleteOptions,
+    BasicConsumeOptions, BasicGetOptions, BasicPublishOptions, BasicQosOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
-use lapin::types::{AMQPValue, FieldTable};
+use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use leasefence_arbiter::queue::{DUPLICATE_METRIC, QueueError, Settings, Tally, UNFENCED_METRIC};
-use leasefence_arbiter::{Fence, Token, amqp};
+use leasefence_arbiter::{Fence, FenceKey, Token, amqp};
 use queue_common::scenarios::{self, Broker, RUN_MAX};
+use queue_common::signed::{self, DELIVERIES_MAX};
 use queue_common::{AMQP_URL, Effects, counter, hex};
 use tokio::task::JoinHandle;
 
@@ -32,6 +34,21 @@ struct Queue {
 
 impl Queue {
     async fn new(url: &str) -> Queue {
+        Queue::open(url, FieldTable::default()).await
+    }
+
+    /// A quorum queue that delivers a message at most [`DELIVERIES_MAX`]
+    /// times (its delivery limit counts the returns after the first), then
+    /// drops it.
+    async fn bounded(url: &str) -> Queue {
+        let mut arguments = FieldTable::default();
+        arguments.insert("x-queue-type".into(), AMQPValue::LongString(LongString::from("quorum")));
+        let limit = i64::try_from(DELIVERIES_MAX - 1).expect("small");
+        arguments.insert("x-delivery-limit".into(), AMQPValue::LongLongInt(limit));
+        Queue::open(url, arguments).await
+    }
+
+    async fn open(url: &str, arguments: FieldTable) -> Queue {
         let connection = Connection::connect(url, ConnectionProperties::default())
             .await
             .expect("connect to RabbitMQ");
@@ -42,7 +59,7 @@ impl Queue {
             ..QueueDeclareOptions::default()
         };
         publisher
-            .queue_declare(name.as_str().into(), options, FieldTable::default())
+            .queue_declare(name.as_str().into(), options, arguments)
             .await
             .expect("declare queue");
         Queue {
@@ -173,6 +190,14 @@ async fn setup(name: &str) -> Option<(Arc<Effects>, Queue)> {
     Some((fx, queue))
 }
 
+/// A keyed arbiter holding `key` and a queue that bounds redeliveries.
+async fn setup_keyed(name: &str, key: &FenceKey) -> Option<(Arc<Effects>, Queue)> {
+    let url = common::service_url(AMQP_URL)?;
+    let fx = Effects::keyed(name, key).await?;
+    let queue = Queue::bounded(&url).await;
+    Some((fx, queue))
+}
+
 async fn cleanup(fx: Arc<Effects>, queue: Queue) {
     fx.cleanup().await;
     queue.cleanup().await;
@@ -283,6 +308,55 @@ async fn publish_refuses_an_unroutable_message_and_an_empty_id() {
         "{unconfirmed:?}"
     );
     Queue::close(plain).await;
+    cleanup(fx, queue).await;
+}
+
+/// The broker delivers the `leasefence-signature` header as published, and
+/// `amqp::read` hands the fence back with its signature.
+#[tokio::test]
+async fn a_signed_fence_is_read_back_with_its_signature() {
+    let Some(url) = common::service_url(AMQP_URL) else {
+        return;
+    };
+    let queue = Queue::new(&url).await;
+    let unsigned = Fence::new(common::unique_resource("amqp-read-signed"), token(5));
+    let signed = unsigned.clone().with_signature(signed::key().sign(&unsigned));
+    queue.publish(&signed, "m").await;
+    let got = queue
+        .publisher
+        .basic_get(queue.name.as_str().into(), BasicGetOptions { no_ack: true })
+        .await
+        .expect("get")
+        .expect("the message is in the queue");
+    let headers = got.delivery.properties.headers().as_ref().expect("headers");
+    let signature = signed.signature.clone().expect("signed");
+    assert_eq!(
+        headers.inner().get(leasefence_core::HEADER_SIGNATURE),
+        Some(&AMQPValue::LongString(LongString::from(signature))),
+        "the broker delivers the signature header"
+    );
+    let (fence, _) = amqp::read(&got.delivery);
+    assert_eq!(fence, Ok(Some(signed)), "read keeps the signature");
+    queue.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_signed_message_is_applied_once_by_a_consumer_whose_arbiter_holds_the_key() {
+    let key = signed::key();
+    let Some((fx, queue)) = setup_keyed("amqp-signed", &key).await else {
+        return;
+    };
+    signed::signed_applied_once(&fx, &queue, &key, "amqp-signed").await;
+    cleanup(fx, queue).await;
+}
+
+#[tokio::test]
+async fn tampered_and_unsigned_messages_are_refused_every_delivery_and_never_applied() {
+    let key = signed::key();
+    let Some((fx, queue)) = setup_keyed("amqp-tampered", &key).await else {
+        return;
+    };
+    signed::tampered_refused(&fx, &queue, &key, "amqp-tampered").await;
     cleanup(fx, queue).await;
 }
 

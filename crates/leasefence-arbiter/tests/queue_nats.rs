@@ -1,7 +1,8 @@
 //! Fenced consumers on the real NATS JetStream of `LEASEFENCE_TEST_NATS_URL`,
 //! applying effects to the real PostgreSQL of `LEASEFENCE_TEST_POSTGRES_URL`
-//! through its arbiter. Each test has its own stream, consumer, effects
-//! table and resources, and removes them.
+//! through its arbiter (or a keyed one in a schema of its own, for signed
+//! fences). Each test has its own stream, consumer, effects table and
+//! resources, and removes them.
 
 mod common;
 mod queue_common;
@@ -12,9 +13,11 @@ use std::time::Duration;
 
 use async_nats::jetstream::consumer::{self, AckPolicy, PullConsumer};
 use async_nats::jetstream::{self, Context, stream};
+use futures_util::StreamExt;
 use leasefence_arbiter::queue::{DUPLICATE_METRIC, Settings, Tally, UNFENCED_METRIC};
-use leasefence_arbiter::{Fence, Token, nats};
+use leasefence_arbiter::{Fence, FenceKey, Token, nats};
 use queue_common::scenarios::{self, Broker, RUN_MAX};
+use queue_common::signed::{self, DELIVERIES_MAX};
 use queue_common::{Effects, NATS_URL, check, counter, hex};
 use tokio::task::JoinHandle;
 
@@ -31,6 +34,18 @@ struct Stream {
 
 impl Stream {
     async fn new(url: &str) -> Stream {
+        Stream::open(url, 0).await
+    }
+
+    /// A stream whose consumer delivers a message at most
+    /// [`DELIVERIES_MAX`] times.
+    async fn bounded(url: &str) -> Stream {
+        let max_deliver = i64::try_from(DELIVERIES_MAX).expect("small");
+        Stream::open(url, max_deliver).await
+    }
+
+    /// `max_deliver` 0: the server's default, unbounded.
+    async fn open(url: &str, max_deliver: i64) -> Stream {
         let client = async_nats::connect(url).await.expect("connect to NATS");
         let js = jetstream::new(client);
         let id = hex();
@@ -46,6 +61,7 @@ impl Stream {
                 durable_name: Some(format!("worker_{id}")),
                 ack_policy: AckPolicy::Explicit,
                 ack_wait: ACK_WAIT,
+                max_deliver,
                 ..Default::default()
             })
             .await
@@ -112,6 +128,14 @@ async fn setup(name: &str) -> Option<(Arc<Effects>, Stream)> {
     let url = common::service_url(NATS_URL)?;
     let fx = Effects::new(name).await?;
     let stream = Stream::new(&url).await;
+    Some((fx, stream))
+}
+
+/// A keyed arbiter holding `key` and a stream that bounds redeliveries.
+async fn setup_keyed(name: &str, key: &FenceKey) -> Option<(Arc<Effects>, Stream)> {
+    let url = common::service_url(NATS_URL)?;
+    let fx = Effects::keyed(name, key).await?;
+    let stream = Stream::bounded(&url).await;
     Some((fx, stream))
 }
 
@@ -223,6 +247,69 @@ fn a_message_id_or_resource_a_header_cannot_hold_is_refused() {
     assert!(nats::fence_headers(&f, Some("")).is_err());
     let headers = nats::fence_headers(&f, Some("id-1")).expect("headers");
     assert_eq!(headers.get(nats::MSG_ID_HEADER).map(|v| v.as_str()), Some("id-1"));
+}
+
+/// The stream delivers the `leasefence-signature` header as published, and
+/// `nats::read` hands the fence back with its signature.
+#[tokio::test]
+async fn a_signed_fence_is_read_back_with_its_signature() {
+    let Some(url) = common::service_url(NATS_URL) else {
+        return;
+    };
+    let stream = Stream::new(&url).await;
+    let unsigned = Fence::new(
+        common::unique_resource("nats-read-signed"),
+        Token::new(5).expect("non-zero"),
+    );
+    let signed = unsigned.clone().with_signature(signed::key().sign(&unsigned));
+    stream.publish(&signed, "m").await;
+    let mut batch = stream
+        .consumer
+        .fetch()
+        .max_messages(1)
+        .expires(RUN_MAX)
+        .messages()
+        .await
+        .expect("fetch");
+    let msg = batch
+        .next()
+        .await
+        .expect("the message is in the stream")
+        .expect("received");
+    let signature = signed.signature.clone().expect("signed");
+    let header = msg
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(leasefence_core::HEADER_SIGNATURE));
+    assert_eq!(
+        header.map(|v| v.as_str()),
+        Some(signature.as_str()),
+        "the stream delivers the signature header"
+    );
+    let (fence, _) = nats::read(&msg);
+    assert_eq!(fence, Ok(Some(signed)), "read keeps the signature");
+    msg.ack().await.expect("ack");
+    stream.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_signed_message_is_applied_once_by_a_consumer_whose_arbiter_holds_the_key() {
+    let key = signed::key();
+    let Some((fx, stream)) = setup_keyed("nats-signed", &key).await else {
+        return;
+    };
+    signed::signed_applied_once(&fx, &stream, &key, "nats-signed").await;
+    cleanup(fx, stream).await;
+}
+
+#[tokio::test]
+async fn tampered_and_unsigned_messages_are_refused_every_delivery_and_never_applied() {
+    let key = signed::key();
+    let Some((fx, stream)) = setup_keyed("nats-tampered", &key).await else {
+        return;
+    };
+    signed::tampered_refused(&fx, &stream, &key, "nats-tampered").await;
+    cleanup(fx, stream).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

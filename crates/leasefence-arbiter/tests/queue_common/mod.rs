@@ -1,7 +1,8 @@
 //! What the NATS and RabbitMQ consumer tests share: a PostgreSQL table the
 //! handlers apply effects to (fenced through the arbiter, or not at all for
 //! the control), the checker that finds stale and repeated effects in it,
-//! the trial plan, and the process-wide metrics recorder.
+//! the trial plan, and the process-wide metrics recorder. The arbiter is the
+//! one in `public`, or ([`signed`]) a keyed one in a schema of its own.
 
 #![allow(dead_code)]
 
@@ -12,15 +13,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use leasefence_arbiter::postgres::{self, Once};
+use leasefence_arbiter::postgres::{self, Once, Schema};
 use leasefence_arbiter::queue::{self, HandleError, Handled, Message};
-use leasefence_arbiter::{ArbiterError, Fence, ResourceId, Stale, Token};
+use leasefence_arbiter::{ArbiterError, Fence, ResourceId, SignatureError, Stale, Token};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::sync::Mutex as AsyncMutex;
 
 use crate::common::{self, POSTGRES_URL};
 
 pub mod scenarios;
+pub mod signed;
 
 pub const NATS_URL: &str = "LEASEFENCE_TEST_NATS_URL";
 pub const AMQP_URL: &str = "LEASEFENCE_TEST_AMQP_URL";
@@ -76,9 +78,12 @@ pub struct Effect {
 pub type HandlerFuture = Pin<Box<dyn Future<Output = Result<Handled, HandleError>> + Send>>;
 
 /// The effects table (fresh per test) and the consumer name its dedup rows
-/// are kept under; `cleanup` drops both and the test's fence rows.
+/// are kept under; `cleanup` drops both and the test's fence rows (and a
+/// keyed arbiter's whole schema).
 pub struct Effects {
     client: AsyncMutex<tokio_postgres::Client>,
+    /// Where the arbiter the handler applies through is installed.
+    schema: Schema,
     pub table: String,
     pub consumer: String,
     /// Resources of this test start with it.
@@ -92,6 +97,9 @@ pub struct Effects {
     /// consumer briefly cannot reach its database): the handler answers
     /// Retry and the broker delivers the message again later.
     pub fail_first: Mutex<Vec<String>>,
+    /// The signature refusals the arbiter answered, as (message id, reason),
+    /// one per delivery refused.
+    pub refused: Mutex<Vec<(String, SignatureError)>>,
 }
 
 impl Effects {
@@ -101,6 +109,12 @@ impl Effects {
         snapshotter(); // before anything counts
         let mut client = postgres::connect(&url).await.expect("connect");
         postgres::install(&mut client).await.expect("install");
+        Some(Arc::new(Effects::on(client, Schema::PUBLIC, name).await))
+    }
+
+    /// The effects table for a test called `name`, applied through the
+    /// arbiter installed in `schema`.
+    async fn on(client: tokio_postgres::Client, schema: Schema, name: &str) -> Effects {
         let id = hex();
         let table = format!("lf_queue_effects_{id}");
         client
@@ -110,15 +124,17 @@ impl Effects {
             ))
             .await
             .expect("effects table");
-        Some(Arc::new(Effects {
+        Effects {
             client: AsyncMutex::new(client),
+            schema,
             table,
             consumer: format!("test-{name}-{id}"),
             prefix: format!("test/queue/{name}/{id}"),
             calls: AtomicU64::new(0),
             lose_first_ack: Mutex::new(Vec::new()),
             fail_first: Mutex::new(Vec::new()),
-        }))
+            refused: Mutex::new(Vec::new()),
+        }
     }
 
     pub fn resource(&self, i: usize) -> ResourceId {
@@ -126,7 +142,8 @@ impl Effects {
     }
 
     /// A handler that applies each message's effect through the PostgreSQL
-    /// arbiter (monotonic, deduplicated by message id), or, with
+    /// arbiter (monotonic, deduplicated by message id; a signature refusal
+    /// is recorded in `refused` and returned as it came), or, with
     /// `fenced: false`, the control: the same insert with no fence and no
     /// dedup, as a consumer that does not check tokens would.
     pub fn handler(self: &Arc<Self>, fenced: bool) -> impl Fn(Fence, Message) -> HandlerFuture + use<> {
@@ -143,7 +160,11 @@ impl Effects {
                     return Err(HandleError::Retry("test: the database is briefly unreachable".into()));
                 }
                 let handled = if fenced {
-                    fx.apply_fenced(&fence, &id).await?
+                    let applied = fx.apply_fenced(&fence, &id).await;
+                    if let Err(ArbiterError::BadSignature { reason, .. }) = &applied {
+                        fx.refused.lock().expect("lock").push((id.clone(), reason.clone()));
+                    }
+                    applied?
                 } else {
                     fx.apply_plain(&fence, &id).await?
                 };
@@ -164,13 +185,15 @@ impl Effects {
         );
         let (resource, token) = (fence.resource.as_str().to_owned(), fence.token.get() as i64);
         let id_owned = id.to_owned();
-        let once = postgres::with_fence_once(&mut client, &self.consumer, id, fence, queue::MODE, |tx| {
-            Box::pin(async move {
-                tx.execute(&insert, &[&resource, &token, &id_owned]).await?;
-                Ok::<_, ArbiterError>(())
+        let once = self
+            .schema
+            .with_fence_once(&mut client, &self.consumer, id, fence, queue::MODE, |tx| {
+                Box::pin(async move {
+                    tx.execute(&insert, &[&resource, &token, &id_owned]).await?;
+                    Ok::<_, ArbiterError>(())
+                })
             })
-        })
-        .await?;
+            .await?;
         Ok(match once {
             Once::Applied(()) => Handled::Applied,
             Once::Duplicate => Handled::Duplicate,
@@ -204,6 +227,13 @@ impl Effects {
             .collect()
     }
 
+    /// The token the arbiter recorded for `resource`, `None` if it admitted
+    /// none.
+    pub async fn last_token(&self, resource: &ResourceId) -> Option<Token> {
+        let client = self.client.lock().await;
+        self.schema.last_token(&*client, resource).await.expect("last token")
+    }
+
     /// A future that completes once the handler has been called `n` times:
     /// the consumer's shutdown signal.
     pub fn after_calls(self: &Arc<Self>, n: u64) -> impl Future<Output = ()> + use<> {
@@ -230,6 +260,10 @@ impl Effects {
             .execute("DELETE FROM leasefence_fences WHERE resource LIKE $1", &[&like])
             .await
             .expect("delete fences");
+        if self.schema != Schema::PUBLIC {
+            let drop = format!("DROP SCHEMA \"{}\" CASCADE", self.schema.name());
+            client.batch_execute(&drop).await.expect("drop the keyed schema");
+        }
     }
 }
 
