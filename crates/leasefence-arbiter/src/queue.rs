@@ -15,9 +15,9 @@
 //! | [`Duplicate`](Verdict::Duplicate) (already applied) | ack | `+ACK` | `basic.ack` | [`DUPLICATE_METRIC`] |
 //! | [`Stale`](Verdict::Stale) | ack | `+ACK` | `basic.ack` | [`STALE_METRIC`] |
 //! | [`Unfenced`](Verdict::Unfenced) (no or malformed fence) | drop | `+TERM` | `basic.reject`, no requeue | [`UNFENCED_METRIC`] |
-//! | [`Poison`](Verdict::Poison) (can never apply) | drop | `+TERM` | `basic.reject`, no requeue | [`POISON_METRIC`] |
+//! | [`Poison`](Verdict::Poison) (can never apply; a fence whose signature is missing, malformed or does not match) | drop | `+TERM` | `basic.reject`, no requeue | [`POISON_METRIC`] |
 //! | [`Retry`](Verdict::Retry) (transient conflict) | retry after [`Settings::retry_delay`] | `-NAK` with delay | wait, then `basic.nack` with requeue | [`RETRIED_METRIC`] |
-//! | [`Failed`](Verdict::Failed) (backend down, not installed, …) | retry after [`Settings::failure_delay`] | `-NAK` with delay | wait, then `basic.nack` with requeue | [`FAILED_METRIC`] |
+//! | [`Failed`](Verdict::Failed) (backend down, not installed, a fence signed under a key the arbiter does not hold yet, …) | retry after [`Settings::failure_delay`] | `-NAK` with delay | wait, then `basic.nack` with requeue | [`FAILED_METRIC`] |
 //!
 //! A stale message is acknowledged once and never redelivered: the rejection
 //! is the normal outcome of a holder that lost its lease, not an error to
@@ -30,6 +30,18 @@
 //! retried without bound by the consumer; bound it on the broker (JetStream's
 //! `max_deliver`, a quorum queue's `x-delivery-limit`), which then
 //! dead-letters or drops the message.
+//!
+//! **Signed fences.** An arbiter that holds fence keys refuses a fence
+//! without a valid signature ([`ArbiterError::BadSignature`]) atomically
+//! with the effect: nothing is applied. The consumer drops such a message as
+//! poison when the refusal is the same on every delivery (`missing`,
+//! `malformed`, `mismatch`: stripped, altered, or signed for another
+//! resource or token), so a forged message is refused once and goes to the
+//! dead-letter exchange, not round the queue. A fence signed under a key the
+//! arbiter does not hold (`unknown_key`) is a failure, retried after
+//! [`Settings::failure_delay`]: installing the key (the first step of a
+//! rotation) lets it apply. The arbiter counts every refusal by reason in
+//! `leasefence_arbiter_signature_refusals_total`.
 //!
 //! # Semantics
 //!
@@ -54,6 +66,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use leasefence_core::signing::SignatureError;
 use leasefence_core::{Fence, FenceMode, Invalid, Stale};
 
 use crate::ArbiterError;
@@ -168,6 +181,16 @@ impl Verdict {
             // Invalid input to the arbiter (a token above what it stores, a
             // resource too long) fails the same way on every delivery.
             Err(HandleError::Arbiter(e @ ArbiterError::Invalid(_))) => Verdict::Poison(e.to_string()),
+            // A fence whose signature is missing, malformed or does not
+            // match (forged, altered, or signed for another token) is refused
+            // on every delivery. One under a key the arbiter does not hold
+            // yet heals once the key is installed, so it stays a failure of
+            // the arbiter's set-up (below) and is retried.
+            Err(HandleError::Arbiter(e @ ArbiterError::BadSignature { reason, .. }))
+                if !matches!(reason, SignatureError::UnknownKey(_)) =>
+            {
+                Verdict::Poison(e.to_string())
+            }
             Err(HandleError::Arbiter(e)) => Verdict::Failed(e.to_string()),
             Err(HandleError::Poison(why)) => Verdict::Poison(why.clone()),
             Err(HandleError::Retry(why)) => Verdict::Retry(why.clone()),

@@ -62,6 +62,38 @@ fn every_handler_result_has_its_settlement_and_counter() {
 }
 
 #[test]
+fn a_refused_signature_is_dropped_unless_it_names_a_key_still_to_come() {
+    use leasefence_core::signing::SignatureError;
+    let refused = |reason| -> Result<Handled, HandleError> {
+        Err(ArbiterError::BadSignature {
+            resource: ResourceId::new("orders/42").expect("valid"),
+            reason,
+        }
+        .into())
+    };
+    // The same on every delivery: a forged, altered or stripped fence.
+    for reason in [
+        SignatureError::Missing,
+        SignatureError::Malformed("not hex"),
+        SignatureError::Mismatch,
+    ] {
+        let name = reason.reason();
+        let verdict = Verdict::of_result(&refused(reason));
+        assert_eq!(verdict.settle(&settings()), Settle::Drop, "{name}");
+        assert_eq!(verdict.metric(), POISON_METRIC, "{name}");
+        let Verdict::Poison(why) = verdict else {
+            unreachable!("checked above")
+        };
+        assert!(why.contains("orders/42") && why.contains("signature"), "{why}");
+    }
+    // Heals once the key is installed (rotation installs it on the arbiters
+    // first): a failure of the arbiter's set-up, retried after the failure delay.
+    let verdict = Verdict::of_result(&refused(SignatureError::UnknownKey("k2".into())));
+    assert_eq!(verdict.settle(&settings()), Settle::Retry(Duration::from_secs(9)));
+    assert_eq!(verdict.metric(), FAILED_METRIC);
+}
+
+#[test]
 fn a_stale_verdict_keeps_resource_presented_and_current() {
     let verdict = Verdict::of_result(&Err(ArbiterError::Stale(stale()).into()));
     assert_eq!(verdict, Verdict::Stale(stale()));

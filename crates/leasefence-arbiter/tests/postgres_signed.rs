@@ -19,23 +19,11 @@ use tokio_postgres::IsolationLevel;
 async fn fresh_schema(url: &str) -> (tokio_postgres::Client, Schema) {
     let mut c = postgres::connect(url).await.expect("connect");
     let name = format!("lf_signed_{:016x}", getrandom::u64().expect("os randomness"));
-    pgcrypto_in_public(&mut c).await;
+    common::pgcrypto_in_public(&mut c).await;
     c.batch_execute(&format!("CREATE SCHEMA {name}")).await.expect("schema");
     let s = Schema::new(&name).expect("valid name");
     s.install(&mut c).await.expect("install");
     (c, s)
-}
-
-/// Creates pgcrypto in `public` under the installer's lock (two concurrent
-/// `CREATE EXTENSION IF NOT EXISTS` can collide).
-async fn pgcrypto_in_public(c: &mut tokio_postgres::Client) {
-    let tx = c.transaction().await.expect("begin");
-    tx.batch_execute(
-        "SELECT pg_advisory_xact_lock(7237098112370931713); CREATE EXTENSION IF NOT EXISTS pgcrypto SCHEMA public",
-    )
-    .await
-    .expect("pgcrypto");
-    tx.commit().await.expect("commit");
 }
 
 /// Drops the schema when the test ends.
@@ -216,7 +204,7 @@ async fn version_4_upgrades_and_old_callers_keep_working() {
     let Some(url) = service_url(POSTGRES_URL) else { return };
     let mut c = postgres::connect(&url).await.expect("connect");
     let name = format!("lf_v4_{:016x}", getrandom::u64().expect("os randomness"));
-    pgcrypto_in_public(&mut c).await;
+    common::pgcrypto_in_public(&mut c).await;
     c.batch_execute(&format!("CREATE SCHEMA {name}")).await.expect("schema");
     let _guard = DropSchema(url.clone(), name.clone());
     let tx = c.transaction().await.expect("begin");

@@ -303,12 +303,21 @@ async fn a_signed_message_is_applied_once_by_a_consumer_whose_arbiter_holds_the_
 }
 
 #[tokio::test]
-async fn tampered_and_unsigned_messages_are_refused_every_delivery_and_never_applied() {
+async fn tampered_and_unsigned_messages_are_dropped_as_poison_on_first_delivery_and_never_applied() {
     let key = signed::key();
     let Some((fx, stream)) = setup_keyed("nats-tampered", &key).await else {
         return;
     };
     signed::tampered_refused(&fx, &stream, &key, "nats-tampered").await;
+    cleanup(fx, stream).await;
+}
+
+#[tokio::test]
+async fn a_message_under_a_key_not_yet_installed_is_retried_and_applies_once_the_key_is() {
+    let Some((fx, stream)) = setup_keyed("nats-unknown-key", &signed::key()).await else {
+        return;
+    };
+    signed::unknown_key_applies_once_installed(&fx, &stream, "nats-unknown-key").await;
     cleanup(fx, stream).await;
 }
 

@@ -25,6 +25,20 @@ pub fn service_url(var: &str) -> Option<String> {
     }
 }
 
+/// Creates pgcrypto in `public` under the installer's lock (two concurrent
+/// `CREATE EXTENSION IF NOT EXISTS` can collide), so that a keyed schema
+/// dropped after its test leaves it to other installs.
+#[cfg(feature = "postgres")]
+pub async fn pgcrypto_in_public(c: &mut tokio_postgres::Client) {
+    let tx = c.transaction().await.expect("begin");
+    tx.batch_execute(
+        "SELECT pg_advisory_xact_lock(7237098112370931713); CREATE EXTENSION IF NOT EXISTS pgcrypto SCHEMA public",
+    )
+    .await
+    .expect("pgcrypto");
+    tx.commit().await.expect("commit");
+}
+
 /// SplitMix64: the tests' seeded generator (they print the seed).
 pub fn splitmix(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use leasefence_arbiter::postgres::{self, Once, Schema};
 use leasefence_arbiter::queue::{self, HandleError, Handled, Message};
-use leasefence_arbiter::{ArbiterError, Fence, ResourceId, SignatureError, Stale, Token};
+use leasefence_arbiter::{ArbiterError, Fence, FenceKey, ResourceId, SignatureError, Stale, Token};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::sync::Mutex as AsyncMutex;
 
@@ -100,6 +100,9 @@ pub struct Effects {
     /// The signature refusals the arbiter answered, as (message id, reason),
     /// one per delivery refused.
     pub refused: Mutex<Vec<(String, SignatureError)>>,
+    /// A key the handler installs in the arbiter after its first
+    /// `unknown_key` refusal, as an operator finishing a rotation would.
+    pub install_after_unknown_key: Mutex<Option<FenceKey>>,
 }
 
 impl Effects {
@@ -134,6 +137,7 @@ impl Effects {
             lose_first_ack: Mutex::new(Vec::new()),
             fail_first: Mutex::new(Vec::new()),
             refused: Mutex::new(Vec::new()),
+            install_after_unknown_key: Mutex::new(None),
         }
     }
 
@@ -163,6 +167,9 @@ impl Effects {
                     let applied = fx.apply_fenced(&fence, &id).await;
                     if let Err(ArbiterError::BadSignature { reason, .. }) = &applied {
                         fx.refused.lock().expect("lock").push((id.clone(), reason.clone()));
+                        if matches!(reason, SignatureError::UnknownKey(_)) {
+                            fx.install_pending_key().await;
+                        }
                     }
                     applied?
                 } else {
@@ -174,6 +181,15 @@ impl Effects {
                 }
                 Ok(handled)
             })
+        }
+    }
+
+    /// Installs the key of `install_after_unknown_key`, once.
+    async fn install_pending_key(&self) {
+        let key = self.install_after_unknown_key.lock().expect("lock").take();
+        if let Some(key) = key {
+            let client = self.client.lock().await;
+            self.schema.add_fence_key(&*client, &key).await.expect("add key");
         }
     }
 

@@ -4,11 +4,12 @@
 //! the key signed, with the signature carried in the message headers,
 //! applies.
 //!
-//! A refusal is not stale and not poison to the consumer: `BadSignature`
-//! is a [`Verdict::Failed`](leasefence_arbiter::queue::Verdict::Failed),
-//! requeued after the failure delay. The brokers of these tests bound it
-//! at [`DELIVERIES_MAX`] deliveries, so a refused message is delivered
-//! exactly that often and then never again.
+//! A fence whose signature is missing or does not match is poison to the
+//! consumer: refused once and dropped. One signed under a key the arbiter
+//! does not hold yet is a failure, requeued after the failure delay, and
+//! applies once the key is installed. The brokers of these tests bound
+//! deliveries at [`DELIVERIES_MAX`], so a message the consumer wrongly
+//! requeued would come back, and be counted, that often.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -34,9 +35,13 @@ const FAILURE_DELAY: Duration = Duration::from_millis(20);
 
 /// A fresh key: the one the coordinator signs with and the arbiter holds.
 pub fn key() -> FenceKey {
+    FenceKey::new("queue-k1", key_bytes()).expect("valid key")
+}
+
+fn key_bytes() -> [u8; 32] {
     let mut secret = [0u8; 32];
     getrandom::fill(&mut secret).expect("os randomness");
-    FenceKey::new("queue-k1", secret).expect("valid key")
+    secret
 }
 
 fn token(t: u64) -> Token {
@@ -51,7 +56,7 @@ impl Effects {
         let url = common::service_url(POSTGRES_URL)?;
         snapshotter(); // before anything counts
         let mut client = postgres::connect(&url).await.expect("connect");
-        pgcrypto_in_public(&mut client).await;
+        common::pgcrypto_in_public(&mut client).await;
         let schema = format!("lf_queue_keyed_{}", hex());
         client
             .batch_execute(&format!("CREATE SCHEMA {schema}"))
@@ -62,19 +67,6 @@ impl Effects {
         schema.add_fence_key(&client, key).await.expect("add key");
         Some(Arc::new(Effects::on(client, schema, name).await))
     }
-}
-
-/// Creates pgcrypto in `public` under the installer's lock (two concurrent
-/// `CREATE EXTENSION IF NOT EXISTS` can collide), so that dropping a keyed
-/// schema leaves it to other installs.
-async fn pgcrypto_in_public(c: &mut tokio_postgres::Client) {
-    let tx = c.transaction().await.expect("begin");
-    tx.batch_execute(
-        "SELECT pg_advisory_xact_lock(7237098112370931713); CREATE EXTENSION IF NOT EXISTS pgcrypto SCHEMA public",
-    )
-    .await
-    .expect("pgcrypto");
-    tx.commit().await.expect("commit");
 }
 
 fn settings(name: &str) -> (Settings, String) {
@@ -128,10 +120,10 @@ pub async fn signed_applied_once(fx: &Arc<Effects>, broker: &impl Broker, key: &
 /// Beside a signed message, three that are not signed for what they carry:
 /// `raised` (its token raised from 5 to 6 after signing), `altered` (the
 /// MAC's last digit changed) and `stripped` (no signature header). The
-/// arbiter refuses each on every delivery, `mismatch`, `mismatch` and
-/// `missing`; none leaves an effect or a token. The consumer counts each
-/// refusal as failed and requeues it, until the broker's delivery limit;
-/// the signed message is applied once, in the same run.
+/// arbiter refuses each, `mismatch`, `mismatch` and `missing`; none leaves
+/// an effect or a token. The consumer drops each as poison on its first
+/// delivery, and none comes back; the signed message is applied once, in
+/// the same run.
 pub async fn tampered_refused(fx: &Arc<Effects>, broker: &impl Broker, key: &FenceKey, name: &str) {
     let fence = |i: usize, t: u64| Fence::new(fx.resource(i), token(t));
     let signed = fence(0, 5).with_signature(key.sign(&fence(0, 5)));
@@ -151,26 +143,24 @@ pub async fn tampered_refused(fx: &Arc<Effects>, broker: &impl Broker, key: &Fen
     }
 
     let (settings, label) = settings(name);
-    let calls = 1 + 3 * DELIVERIES_MAX;
-    let tally = broker.run(fx, &settings, true, calls).await;
+    let tally = broker.run(fx, &settings, true, 4).await;
     let mut refused: BTreeMap<String, Vec<&str>> = BTreeMap::new();
     for (id, reason) in fx.refused.lock().expect("lock").iter() {
         refused.entry(id.clone()).or_default().push(reason.reason());
     }
-    let every = |reason| vec![reason; DELIVERIES_MAX as usize];
     let expected = BTreeMap::from([
-        ("altered".to_owned(), every("mismatch")),
-        ("raised".to_owned(), every("mismatch")),
-        ("stripped".to_owned(), every("missing")),
+        ("altered".to_owned(), vec!["mismatch"]),
+        ("raised".to_owned(), vec!["mismatch"]),
+        ("stripped".to_owned(), vec!["missing"]),
     ]);
-    assert_eq!(refused, expected, "each refused on every delivery, for its reason");
+    assert_eq!(refused, expected, "each refused once, for its reason");
     let expected = Tally {
         applied: 1,
-        failed: 3 * DELIVERIES_MAX,
+        poison: 3,
         ..Tally::default()
     };
     assert_eq!(tally, expected);
-    assert_eq!(counters(&label), [1, 0, 0, 0, 0, 3 * DELIVERIES_MAX]);
+    assert_eq!(counters(&label), [1, 0, 0, 0, 3, 0]);
     let ids: Vec<_> = fx
         .effects()
         .await
@@ -183,5 +173,46 @@ pub async fn tampered_refused(fx: &Arc<Effects>, broker: &impl Broker, key: &Fen
         assert_eq!(fx.last_token(&fx.resource(i)).await, None, "no token recorded for {i}");
     }
     broker.assert_drained(fx, &settings).await;
-    assert_eq!(counter(FAILED_METRIC, &label), 3 * DELIVERIES_MAX, "none came back");
+    assert_eq!(counters(&label), [1, 0, 0, 0, 3, 0], "none came back");
+    assert_eq!(fx.refused.lock().expect("lock").len(), 3, "none was handled again");
+}
+
+/// A message signed under a key the arbiter does not hold yet (`k2`, as
+/// while a rotation is under way): its first delivery is refused
+/// `unknown_key`, counted as failed and requeued; the key is installed
+/// (the handler does it after that refusal, as the operator would), and
+/// the redelivery applies it, once.
+pub async fn unknown_key_applies_once_installed(fx: &Arc<Effects>, broker: &impl Broker, name: &str) {
+    let next = FenceKey::new("queue-k2", key_bytes()).expect("valid key");
+    *fx.install_after_unknown_key.lock().expect("lock") = Some(next.clone());
+    let unsigned = Fence::new(fx.resource(0), token(5));
+    broker
+        .publish(&unsigned.clone().with_signature(next.sign(&unsigned)), "m")
+        .await;
+
+    let (settings, label) = settings(name);
+    let tally = broker.run(fx, &settings, true, 2).await;
+    let refused: Vec<_> = fx
+        .refused
+        .lock()
+        .expect("lock")
+        .iter()
+        .map(|(id, reason)| (id.clone(), reason.reason()))
+        .collect();
+    assert_eq!(
+        refused,
+        [("m".to_owned(), "unknown_key")],
+        "refused once, before the key"
+    );
+    let expected = Tally {
+        applied: 1,
+        failed: 1,
+        ..Tally::default()
+    };
+    assert_eq!(tally, expected);
+    let ids: Vec<_> = fx.effects().await.into_iter().map(|e| e.message_id).collect();
+    assert_eq!(ids, ["m"]);
+    assert_eq!(fx.last_token(&fx.resource(0)).await, Some(token(5)));
+    broker.assert_drained(fx, &settings).await;
+    assert_eq!(counters(&label), [1, 0, 0, 0, 0, 1], "none came back");
 }
