@@ -139,7 +139,8 @@ impl Coordinator {
     /// lets a second holder in early.
     pub fn recover(config: Config, now: MonoTime, records: impl IntoIterator<Item = StoredResource>) -> Coordinator {
         let mut c = Coordinator::new(config);
-        let mut entries = Vec::new();
+        let records = records.into_iter();
+        let mut entries = Vec::with_capacity(records.size_hint().0);
         for r in records {
             let held = r.lease.map(|l| Held {
                 token: r.last_token,
