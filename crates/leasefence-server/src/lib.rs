@@ -166,17 +166,15 @@ impl Server {
     /// reloads what is on disk); on a shared store the coordinator steps down
     /// instead and campaigns again, which reloads from the engine.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
-        // Without tonic's fallback (a gRPC UNIMPLEMENTED for any path), so
-        // that the HTTP router's fallback answers unknown paths, in JSON or gRPC.
-        let grpc = tonic::service::Routes::new(grpc::service(self.node.clone(), self.access.clone()))
-            .prepare()
-            .into_axum_router()
-            .reset_fallback();
+        // The edge calls the gRPC service for its own paths; the HTTP
+        // router answers every other path (unknown ones in JSON or gRPC).
+        let grpc = grpc::service(self.node.clone(), self.access.clone());
         let connections_max = self.access.limits().connections_max;
         let app = EdgeService::new(
-            http::router(self.node.clone(), self.metrics, self.access).merge(grpc),
+            http::router(self.node.clone(), self.metrics, self.access),
             connections_max,
-        );
+        )
+        .with_grpc(grpc);
         if let Ok(addr) = self.listener.local_addr() {
             match &self.tls {
                 None => tracing::info!(%addr, "serving gRPC and HTTP"),

@@ -45,6 +45,14 @@ async fn unknown_paths_get_a_json_404_and_grpc_still_answers() {
     let (code, headers, _) = send(req).await;
     assert_eq!(code, 200);
     assert_eq!(headers.get("grpc-status").map(|v| v.as_bytes()), Some(&b"12"[..]));
+    // So is a method our service does not have (the edge hands every path
+    // of the service to it), here over HTTP/1.1.
+    let req = http
+        .post(format!("{}/leasefence.v1.Leases/NoSuchMethod", server.url))
+        .header("content-type", "application/grpc");
+    let (code, headers, _) = send(req).await;
+    assert_eq!(code, 200);
+    assert_eq!(headers.get("grpc-status").map(|v| v.as_bytes()), Some(&b"12"[..]));
 
     // And the real gRPC service answers on the same port.
     let mut grpc = LeasesClient::connect(server.url.clone()).await.expect("grpc connect");
