@@ -367,7 +367,12 @@ impl tower::Service<Request> for WithPeer {
     type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        // The gRPC service is always ready (tonic's generated servers are).
+        // Either may take the next request; both are always ready today.
+        if let Some(grpc) = &mut self.grpc
+            && tower::Service::<Request>::poll_ready(grpc, cx).is_pending()
+        {
+            return Poll::Pending;
+        }
         tower::Service::<Request>::poll_ready(&mut self.app, cx)
     }
 
