@@ -1,6 +1,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
+use leasefence_core::signing::SignatureError;
 use leasefence_core::{ResourceId, Token};
 
 use super::*;
@@ -11,6 +12,14 @@ fn stale() -> Stale {
         presented: Token::new(3).expect("non-zero"),
         current: Token::new(4).expect("non-zero"),
     }
+}
+
+fn bad_signature(reason: SignatureError) -> Result<Handled, HandleError> {
+    Err(ArbiterError::BadSignature {
+        resource: ResourceId::new("orders/42").expect("valid"),
+        reason,
+    }
+    .into())
 }
 
 fn settings() -> Settings {
@@ -42,6 +51,21 @@ fn every_handler_result_has_its_settlement_and_counter() {
             POISON_METRIC,
         ),
         (Err(HandleError::Poison("bad json".into())), Settle::Drop, POISON_METRIC),
+        // The same on every delivery: a stripped, malformed or forged signature.
+        (bad_signature(SignatureError::Missing), Settle::Drop, POISON_METRIC),
+        (
+            bad_signature(SignatureError::Malformed("not hex")),
+            Settle::Drop,
+            POISON_METRIC,
+        ),
+        (bad_signature(SignatureError::Mismatch), Settle::Drop, POISON_METRIC),
+        // Heals once the key is installed (a rotation installs it on the
+        // arbiters first): retried after the failure delay.
+        (
+            bad_signature(SignatureError::UnknownKey("k2".into())),
+            Settle::Retry(Duration::from_secs(9)),
+            FAILED_METRIC,
+        ),
     ];
     // A retryable backend error: SQLite's BUSY.
     #[cfg(feature = "sqlite")]
@@ -62,35 +86,12 @@ fn every_handler_result_has_its_settlement_and_counter() {
 }
 
 #[test]
-fn a_refused_signature_is_dropped_unless_it_names_a_key_still_to_come() {
-    use leasefence_core::signing::SignatureError;
-    let refused = |reason| -> Result<Handled, HandleError> {
-        Err(ArbiterError::BadSignature {
-            resource: ResourceId::new("orders/42").expect("valid"),
-            reason,
-        }
-        .into())
+fn a_poison_signature_verdict_names_the_resource_and_the_reason() {
+    let verdict = Verdict::of_result(&bad_signature(SignatureError::Mismatch));
+    let Verdict::Poison(why) = verdict else {
+        panic!("not poison: {verdict:?}")
     };
-    // The same on every delivery: a forged, altered or stripped fence.
-    for reason in [
-        SignatureError::Missing,
-        SignatureError::Malformed("not hex"),
-        SignatureError::Mismatch,
-    ] {
-        let name = reason.reason();
-        let verdict = Verdict::of_result(&refused(reason));
-        assert_eq!(verdict.settle(&settings()), Settle::Drop, "{name}");
-        assert_eq!(verdict.metric(), POISON_METRIC, "{name}");
-        let Verdict::Poison(why) = verdict else {
-            unreachable!("checked above")
-        };
-        assert!(why.contains("orders/42") && why.contains("signature"), "{why}");
-    }
-    // Heals once the key is installed (rotation installs it on the arbiters
-    // first): a failure of the arbiter's set-up, retried after the failure delay.
-    let verdict = Verdict::of_result(&refused(SignatureError::UnknownKey("k2".into())));
-    assert_eq!(verdict.settle(&settings()), Settle::Retry(Duration::from_secs(9)));
-    assert_eq!(verdict.metric(), FAILED_METRIC);
+    assert!(why.contains("orders/42") && why.contains("signature"), "{why}");
 }
 
 #[test]

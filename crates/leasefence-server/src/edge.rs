@@ -308,7 +308,7 @@ impl EdgeService {
         }
     }
 
-    /// Calls `grpc` for the paths under [`GRPC_PATH`] on connections that
+    /// Calls `grpc` for the paths of its methods on connections that
     /// are served (not those refused for a certificate or the limit), instead
     /// of through `app`'s router: the same service, a few layers fewer per
     /// call. `app` still answers every other path.
@@ -349,8 +349,13 @@ impl tower::Service<IncomingStream<'_, EdgeListener>> for EdgeService {
 /// The gRPC service of the coordinator.
 pub(crate) type Grpc = leasefence_proto::v1::leases_server::LeasesServer<crate::grpc::GrpcLeases>;
 
-/// The path prefix of the gRPC service's methods.
-pub(crate) const GRPC_PATH: &str = "/leasefence.v1.Leases/";
+/// Whether `path` names a method of the gRPC service: `/<service name>/<method>`.
+fn is_grpc_path(path: &str) -> bool {
+    use tonic::server::NamedService;
+    path.strip_prefix('/')
+        .and_then(|p| p.strip_prefix(Grpc::NAME))
+        .is_some_and(|rest| rest.starts_with('/'))
+}
 
 /// The service of one connection.
 #[derive(Clone)]
@@ -381,7 +386,7 @@ impl tower::Service<Request> for WithPeer {
             req.extensions_mut().insert(p.clone());
         }
         if let Some(grpc) = &mut self.grpc
-            && req.uri().path().starts_with(GRPC_PATH)
+            && is_grpc_path(req.uri().path())
         {
             let answer = tower::Service::call(grpc, req);
             return Box::pin(async move {
