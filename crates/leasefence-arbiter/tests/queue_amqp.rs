@@ -20,7 +20,7 @@ use leasefence_arbiter::queue::{DUPLICATE_METRIC, QueueError, Settings, Tally, U
 use leasefence_arbiter::{Fence, FenceKey, Token, amqp};
 use queue_common::scenarios::{self, Broker, RUN_MAX};
 use queue_common::signed::{self, DELIVERIES_MAX};
-use queue_common::{AMQP_URL, Effects, counter, hex};
+use queue_common::{AMQP_URL, Effects, cleaned, counter, hex};
 use tokio::task::JoinHandle;
 
 /// Deliveries the broker sends ahead of the one being handled.
@@ -114,7 +114,7 @@ impl Queue {
         channel.close(200, "done".into()).await.expect("close channel");
     }
 
-    async fn cleanup(self) {
+    async fn cleanup(&self) {
         self.publisher
             .queue_delete(self.name.as_str().into(), QueueDeleteOptions::default())
             .await
@@ -198,7 +198,7 @@ async fn setup_keyed(name: &str, key: &FenceKey) -> Option<(Arc<Effects>, Queue)
     Some((fx, queue))
 }
 
-async fn cleanup(fx: Arc<Effects>, queue: Queue) {
+async fn cleanup(fx: &Effects, queue: &Queue) {
     fx.cleanup().await;
     queue.cleanup().await;
 }
@@ -212,8 +212,10 @@ async fn a_stale_message_published_last_is_rejected_acked_once_counted_and_hande
     let Some((fx, queue)) = setup("amqp-stale-last").await else {
         return;
     };
-    scenarios::stale_published_last(&fx, &queue, "amqp-stale-last").await;
-    cleanup(fx, queue).await;
+    let body = async {
+        scenarios::stale_published_last(&fx, &queue, "amqp-stale-last").await;
+    };
+    cleaned(body, cleanup(&fx, &queue)).await;
 }
 
 #[tokio::test]
@@ -221,8 +223,10 @@ async fn a_stale_message_published_first_but_delivered_after_newer_ones_is_rejec
     let Some((fx, queue)) = setup("amqp-stale-first").await else {
         return;
     };
-    scenarios::stale_published_first(&fx, &queue, "amqp-stale-first").await;
-    cleanup(fx, queue).await;
+    let body = async {
+        scenarios::stale_published_first(&fx, &queue, "amqp-stale-first").await;
+    };
+    cleaned(body, cleanup(&fx, &queue)).await;
 }
 
 /// `m` is published twice with one message id; `n` is applied and then its
@@ -232,28 +236,30 @@ async fn a_duplicate_or_redelivered_message_is_applied_once() {
     let Some((fx, queue)) = setup("amqp-redelivery").await else {
         return;
     };
-    let fence = Fence::new(fx.resource(0), token(1));
-    queue.publish(&fence, "m").await;
-    queue.publish(&fence, "m").await;
-    fx.lose_first_ack.lock().expect("lock").push("n".into());
-    queue.publish(&fence, "n").await;
-    let label = format!("amqp-redelivery-{}", hex());
-    let settings = Settings::new(&label).with_retry_delay(Duration::from_millis(20));
-    let tally = queue.run(&fx, &settings, true, 4).await;
-    assert_eq!(
-        tally,
-        Tally {
-            applied: 1,
-            retried: 1,
-            duplicate: 2,
-            ..Tally::default()
-        }
-    );
-    assert_eq!(counter(DUPLICATE_METRIC, &label), 2);
-    let ids: Vec<_> = fx.effects().await.into_iter().map(|e| e.message_id).collect();
-    assert_eq!(ids, vec!["m", "n"]);
-    queue.assert_drained(&fx, &settings).await;
-    cleanup(fx, queue).await;
+    let body = async {
+        let fence = Fence::new(fx.resource(0), token(1));
+        queue.publish(&fence, "m").await;
+        queue.publish(&fence, "m").await;
+        fx.lose_first_ack.lock().expect("lock").push("n".into());
+        queue.publish(&fence, "n").await;
+        let label = format!("amqp-redelivery-{}", hex());
+        let settings = Settings::new(&label).with_retry_delay(Duration::from_millis(20));
+        let tally = queue.run(&fx, &settings, true, 4).await;
+        assert_eq!(
+            tally,
+            Tally {
+                applied: 1,
+                retried: 1,
+                duplicate: 2,
+                ..Tally::default()
+            }
+        );
+        assert_eq!(counter(DUPLICATE_METRIC, &label), 2);
+        let ids: Vec<_> = fx.effects().await.into_iter().map(|e| e.message_id).collect();
+        assert_eq!(ids, vec!["m", "n"]);
+        queue.assert_drained(&fx, &settings).await;
+    };
+    cleaned(body, cleanup(&fx, &queue)).await;
 }
 
 #[tokio::test]
@@ -261,31 +267,33 @@ async fn unfenced_and_malformed_messages_are_dropped_once_and_counted() {
     let Some((fx, queue)) = setup("amqp-unfenced").await else {
         return;
     };
-    queue.publish_raw(FieldTable::default(), "plain").await;
-    let mut numeric = amqp::fence_headers(&Fence::new(fx.resource(0), token(1)));
-    numeric.insert("leasefence-token".into(), AMQPValue::LongLongInt(1));
-    queue.publish_raw(numeric, "numeric").await;
-    queue.publish(&Fence::new(fx.resource(0), token(1)), "fenced").await;
+    let body = async {
+        queue.publish_raw(FieldTable::default(), "plain").await;
+        let mut numeric = amqp::fence_headers(&Fence::new(fx.resource(0), token(1)));
+        numeric.insert("leasefence-token".into(), AMQPValue::LongLongInt(1));
+        queue.publish_raw(numeric, "numeric").await;
+        queue.publish(&Fence::new(fx.resource(0), token(1)), "fenced").await;
 
-    let label = format!("amqp-unfenced-{}", hex());
-    let settings = Settings::new(&label);
-    let tally = queue.run(&fx, &settings, true, 1).await;
-    assert_eq!(
-        tally,
-        Tally {
-            applied: 1,
-            unfenced: 2,
-            ..Tally::default()
-        }
-    );
-    assert_eq!(counter(UNFENCED_METRIC, &label), 2);
-    assert_eq!(
-        fx.calls.load(Ordering::SeqCst),
-        1,
-        "only the fenced message reached the handler"
-    );
-    queue.assert_drained(&fx, &settings).await;
-    cleanup(fx, queue).await;
+        let label = format!("amqp-unfenced-{}", hex());
+        let settings = Settings::new(&label);
+        let tally = queue.run(&fx, &settings, true, 1).await;
+        assert_eq!(
+            tally,
+            Tally {
+                applied: 1,
+                unfenced: 2,
+                ..Tally::default()
+            }
+        );
+        assert_eq!(counter(UNFENCED_METRIC, &label), 2);
+        assert_eq!(
+            fx.calls.load(Ordering::SeqCst),
+            1,
+            "only the fenced message reached the handler"
+        );
+        queue.assert_drained(&fx, &settings).await;
+    };
+    cleaned(body, cleanup(&fx, &queue)).await;
 }
 
 #[tokio::test]
@@ -293,22 +301,24 @@ async fn publish_refuses_an_unroutable_message_and_an_empty_id() {
     let Some((fx, queue)) = setup("amqp-publish").await else {
         return;
     };
-    let fence = Fence::new(fx.resource(0), token(1));
-    let unroutable = amqp::publish(&queue.publisher, "", "lfq.nobody-listens", &fence, "x", b"x").await;
-    assert!(
-        matches!(&unroutable, Err(QueueError::NotConfirmed { .. })),
-        "{unroutable:?}"
-    );
-    let no_id = amqp::publish(&queue.publisher, "", &queue.name, &fence, "", b"x").await;
-    assert!(matches!(&no_id, Err(QueueError::Invalid(_))), "{no_id:?}");
-    let plain = queue.connection.create_channel().await.expect("channel");
-    let unconfirmed = amqp::publish(&plain, "", &queue.name, &fence, "y", b"y").await;
-    assert!(
-        matches!(&unconfirmed, Err(QueueError::NotConfirmed { .. })),
-        "{unconfirmed:?}"
-    );
-    Queue::close(plain).await;
-    cleanup(fx, queue).await;
+    let body = async {
+        let fence = Fence::new(fx.resource(0), token(1));
+        let unroutable = amqp::publish(&queue.publisher, "", "lfq.nobody-listens", &fence, "x", b"x").await;
+        assert!(
+            matches!(&unroutable, Err(QueueError::NotConfirmed { .. })),
+            "{unroutable:?}"
+        );
+        let no_id = amqp::publish(&queue.publisher, "", &queue.name, &fence, "", b"x").await;
+        assert!(matches!(&no_id, Err(QueueError::Invalid(_))), "{no_id:?}");
+        let plain = queue.connection.create_channel().await.expect("channel");
+        let unconfirmed = amqp::publish(&plain, "", &queue.name, &fence, "y", b"y").await;
+        assert!(
+            matches!(&unconfirmed, Err(QueueError::NotConfirmed { .. })),
+            "{unconfirmed:?}"
+        );
+        Queue::close(plain).await;
+    };
+    cleaned(body, cleanup(&fx, &queue)).await;
 }
 
 /// The broker delivers the `leasefence-signature` header as published, and
@@ -319,25 +329,27 @@ async fn a_signed_fence_is_read_back_with_its_signature() {
         return;
     };
     let queue = Queue::new(&url).await;
-    let unsigned = Fence::new(common::unique_resource("amqp-read-signed"), token(5));
-    let signed = unsigned.clone().with_signature(signed::key().sign(&unsigned));
-    queue.publish(&signed, "m").await;
-    let got = queue
-        .publisher
-        .basic_get(queue.name.as_str().into(), BasicGetOptions { no_ack: true })
-        .await
-        .expect("get")
-        .expect("the message is in the queue");
-    let headers = got.delivery.properties.headers().as_ref().expect("headers");
-    let signature = signed.signature.clone().expect("signed");
-    assert_eq!(
-        headers.inner().get(leasefence_core::HEADER_SIGNATURE),
-        Some(&AMQPValue::LongString(LongString::from(signature))),
-        "the broker delivers the signature header"
-    );
-    let (fence, _) = amqp::read(&got.delivery);
-    assert_eq!(fence, Ok(Some(signed)), "read keeps the signature");
-    queue.cleanup().await;
+    let body = async {
+        let unsigned = Fence::new(common::unique_resource("amqp-read-signed"), token(5));
+        let signed = unsigned.clone().with_signature(signed::key().sign(&unsigned));
+        queue.publish(&signed, "m").await;
+        let got = queue
+            .publisher
+            .basic_get(queue.name.as_str().into(), BasicGetOptions { no_ack: true })
+            .await
+            .expect("get")
+            .expect("the message is in the queue");
+        let headers = got.delivery.properties.headers().as_ref().expect("headers");
+        let signature = signed.signature.clone().expect("signed");
+        assert_eq!(
+            headers.inner().get(leasefence_core::HEADER_SIGNATURE),
+            Some(&AMQPValue::LongString(LongString::from(signature))),
+            "the broker delivers the signature header"
+        );
+        let (fence, _) = amqp::read(&got.delivery);
+        assert_eq!(fence, Ok(Some(signed)), "read keeps the signature");
+    };
+    cleaned(body, queue.cleanup()).await;
 }
 
 #[tokio::test]
@@ -346,8 +358,10 @@ async fn a_signed_message_is_applied_once_by_a_consumer_whose_arbiter_holds_the_
     let Some((fx, queue)) = setup_keyed("amqp-signed", &key).await else {
         return;
     };
-    signed::signed_applied_once(&fx, &queue, &key, "amqp-signed").await;
-    cleanup(fx, queue).await;
+    let body = async {
+        signed::signed_applied_once(&fx, &queue, &key, "amqp-signed").await;
+    };
+    cleaned(body, cleanup(&fx, &queue)).await;
 }
 
 #[tokio::test]
@@ -356,8 +370,10 @@ async fn tampered_and_unsigned_messages_are_dropped_as_poison_on_first_delivery_
     let Some((fx, queue)) = setup_keyed("amqp-tampered", &key).await else {
         return;
     };
-    signed::tampered_refused(&fx, &queue, &key, "amqp-tampered").await;
-    cleanup(fx, queue).await;
+    let body = async {
+        signed::tampered_refused(&fx, &queue, &key, "amqp-tampered").await;
+    };
+    cleaned(body, cleanup(&fx, &queue)).await;
 }
 
 #[tokio::test]
@@ -365,8 +381,10 @@ async fn a_message_under_a_key_not_yet_installed_is_retried_and_applies_once_the
     let Some((fx, queue)) = setup_keyed("amqp-unknown-key", &signed::key()).await else {
         return;
     };
-    signed::unknown_key_applies_once_installed(&fx, &queue, "amqp-unknown-key").await;
-    cleanup(fx, queue).await;
+    let body = async {
+        signed::unknown_key_applies_once_installed(&fx, &queue, "amqp-unknown-key").await;
+    };
+    cleaned(body, cleanup(&fx, &queue)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -374,8 +392,10 @@ async fn two_hundred_trials_through_the_arbiter_apply_no_stale_effect() {
     let Some((fx, queue)) = setup("amqp-trials").await else {
         return;
     };
-    scenarios::trials_fenced(&fx, &queue, "amqp-trials").await;
-    cleanup(fx, queue).await;
+    let body = async {
+        scenarios::trials_fenced(&fx, &queue, "amqp-trials").await;
+    };
+    cleaned(body, cleanup(&fx, &queue)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -383,6 +403,8 @@ async fn the_same_trials_without_the_arbiter_apply_stale_effects() {
     let Some((fx, queue)) = setup("amqp-control").await else {
         return;
     };
-    scenarios::trials_control(&fx, &queue, "amqp-control").await;
-    cleanup(fx, queue).await;
+    let body = async {
+        scenarios::trials_control(&fx, &queue, "amqp-control").await;
+    };
+    cleaned(body, cleanup(&fx, &queue)).await;
 }

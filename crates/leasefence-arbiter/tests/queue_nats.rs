@@ -18,7 +18,7 @@ use leasefence_arbiter::queue::{DUPLICATE_METRIC, Settings, Tally, UNFENCED_METR
 use leasefence_arbiter::{Fence, FenceKey, Token, nats};
 use queue_common::scenarios::{self, Broker, RUN_MAX};
 use queue_common::signed::{self, DELIVERIES_MAX};
-use queue_common::{Effects, NATS_URL, check, counter, hex};
+use queue_common::{Effects, NATS_URL, check, cleaned, counter, hex};
 use tokio::task::JoinHandle;
 
 /// How long the consumer waits for an ack before it redelivers: a message
@@ -74,7 +74,7 @@ impl Stream {
         }
     }
 
-    async fn cleanup(self) {
+    async fn cleanup(&self) {
         self.js.delete_stream(&self.name).await.expect("delete stream");
     }
 }
@@ -139,7 +139,7 @@ async fn setup_keyed(name: &str, key: &FenceKey) -> Option<(Arc<Effects>, Stream
     Some((fx, stream))
 }
 
-async fn cleanup(fx: Arc<Effects>, stream: Stream) {
+async fn cleanup(fx: &Effects, stream: &Stream) {
     fx.cleanup().await;
     stream.cleanup().await;
 }
@@ -153,8 +153,10 @@ async fn a_stale_message_published_last_is_rejected_acked_once_counted_and_hande
     let Some((fx, stream)) = setup("nats-stale-last").await else {
         return;
     };
-    scenarios::stale_published_last(&fx, &stream, "nats-stale-last").await;
-    cleanup(fx, stream).await;
+    let body = async {
+        scenarios::stale_published_last(&fx, &stream, "nats-stale-last").await;
+    };
+    cleaned(body, cleanup(&fx, &stream)).await;
 }
 
 #[tokio::test]
@@ -162,8 +164,10 @@ async fn a_stale_message_published_first_but_delivered_after_newer_ones_is_rejec
     let Some((fx, stream)) = setup("nats-stale-first").await else {
         return;
     };
-    scenarios::stale_published_first(&fx, &stream, "nats-stale-first").await;
-    cleanup(fx, stream).await;
+    let body = async {
+        scenarios::stale_published_first(&fx, &stream, "nats-stale-first").await;
+    };
+    cleaned(body, cleanup(&fx, &stream)).await;
 }
 
 /// The first delivery applies and commits, then its ack is lost (the
@@ -175,25 +179,27 @@ async fn a_redelivered_message_is_applied_once() {
     let Some((fx, stream)) = setup("nats-redelivery").await else {
         return;
     };
-    fx.lose_first_ack.lock().expect("lock").push("m".into());
-    stream.publish(&fence(&fx, 1), "m").await;
-    let queue = format!("nats-redelivery-{}", hex());
-    let settings = Settings::new(&queue).with_retry_delay(Duration::from_millis(20));
-    let tally = stream.run(&fx, &settings, true, 2).await;
-    let expected = Tally {
-        retried: 1,
-        duplicate: 1,
-        ..Tally::default()
+    let body = async {
+        fx.lose_first_ack.lock().expect("lock").push("m".into());
+        stream.publish(&fence(&fx, 1), "m").await;
+        let queue = format!("nats-redelivery-{}", hex());
+        let settings = Settings::new(&queue).with_retry_delay(Duration::from_millis(20));
+        let tally = stream.run(&fx, &settings, true, 2).await;
+        let expected = Tally {
+            retried: 1,
+            duplicate: 1,
+            ..Tally::default()
+        };
+        assert_eq!(tally, expected);
+        assert_eq!(counter(DUPLICATE_METRIC, &queue), 1);
+        assert_eq!(check(&fx.effects().await).effects, 1);
+        let again = nats::publish(&stream.js, &stream.subject, &fence(&fx, 1), Some("m"), "m".as_bytes())
+            .await
+            .expect("publish");
+        assert!(again.duplicate, "JetStream drops a republish with the same id");
+        stream.assert_drained(&fx, &settings).await;
     };
-    assert_eq!(tally, expected);
-    assert_eq!(counter(DUPLICATE_METRIC, &queue), 1);
-    assert_eq!(check(&fx.effects().await).effects, 1);
-    let again = nats::publish(&stream.js, &stream.subject, &fence(&fx, 1), Some("m"), "m".as_bytes())
-        .await
-        .expect("publish");
-    assert!(again.duplicate, "JetStream drops a republish with the same id");
-    stream.assert_drained(&fx, &settings).await;
-    cleanup(fx, stream).await;
+    cleaned(body, cleanup(&fx, &stream)).await;
 }
 
 #[tokio::test]
@@ -201,39 +207,41 @@ async fn unfenced_and_malformed_messages_are_dropped_once_and_counted() {
     let Some((fx, stream)) = setup("nats-unfenced").await else {
         return;
     };
-    let plain = stream
-        .js
-        .publish(stream.subject.clone(), "no fence".into())
-        .await
-        .expect("publish");
-    plain.await.expect("ack");
-    let mut half = async_nats::HeaderMap::new();
-    half.insert("leasefence-token", "7");
-    let malformed = stream
-        .js
-        .publish_with_headers(stream.subject.clone(), half, "half a fence".into())
-        .await
-        .expect("publish");
-    malformed.await.expect("ack");
-    stream.publish(&fence(&fx, 1), "fenced").await;
+    let body = async {
+        let plain = stream
+            .js
+            .publish(stream.subject.clone(), "no fence".into())
+            .await
+            .expect("publish");
+        plain.await.expect("ack");
+        let mut half = async_nats::HeaderMap::new();
+        half.insert("leasefence-token", "7");
+        let malformed = stream
+            .js
+            .publish_with_headers(stream.subject.clone(), half, "half a fence".into())
+            .await
+            .expect("publish");
+        malformed.await.expect("ack");
+        stream.publish(&fence(&fx, 1), "fenced").await;
 
-    let queue = format!("nats-unfenced-{}", hex());
-    let settings = Settings::new(&queue);
-    let tally = stream.run(&fx, &settings, true, 1).await;
-    let expected = Tally {
-        applied: 1,
-        unfenced: 2,
-        ..Tally::default()
+        let queue = format!("nats-unfenced-{}", hex());
+        let settings = Settings::new(&queue);
+        let tally = stream.run(&fx, &settings, true, 1).await;
+        let expected = Tally {
+            applied: 1,
+            unfenced: 2,
+            ..Tally::default()
+        };
+        assert_eq!(tally, expected);
+        assert_eq!(counter(UNFENCED_METRIC, &queue), 2);
+        assert_eq!(
+            fx.calls.load(Ordering::SeqCst),
+            1,
+            "only the fenced message reached the handler"
+        );
+        stream.assert_drained(&fx, &settings).await;
     };
-    assert_eq!(tally, expected);
-    assert_eq!(counter(UNFENCED_METRIC, &queue), 2);
-    assert_eq!(
-        fx.calls.load(Ordering::SeqCst),
-        1,
-        "only the fenced message reached the handler"
-    );
-    stream.assert_drained(&fx, &settings).await;
-    cleanup(fx, stream).await;
+    cleaned(body, cleanup(&fx, &stream)).await;
 }
 
 #[test]
@@ -257,39 +265,41 @@ async fn a_signed_fence_is_read_back_with_its_signature() {
         return;
     };
     let stream = Stream::new(&url).await;
-    let unsigned = Fence::new(
-        common::unique_resource("nats-read-signed"),
-        Token::new(5).expect("non-zero"),
-    );
-    let signed = unsigned.clone().with_signature(signed::key().sign(&unsigned));
-    stream.publish(&signed, "m").await;
-    let mut batch = stream
-        .consumer
-        .fetch()
-        .max_messages(1)
-        .expires(RUN_MAX)
-        .messages()
-        .await
-        .expect("fetch");
-    let msg = batch
-        .next()
-        .await
-        .expect("the message is in the stream")
-        .expect("received");
-    let signature = signed.signature.clone().expect("signed");
-    let header = msg
-        .headers
-        .as_ref()
-        .and_then(|h| h.get(leasefence_core::HEADER_SIGNATURE));
-    assert_eq!(
-        header.map(|v| v.as_str()),
-        Some(signature.as_str()),
-        "the stream delivers the signature header"
-    );
-    let (fence, _) = nats::read(&msg);
-    assert_eq!(fence, Ok(Some(signed)), "read keeps the signature");
-    msg.ack().await.expect("ack");
-    stream.cleanup().await;
+    let body = async {
+        let unsigned = Fence::new(
+            common::unique_resource("nats-read-signed"),
+            Token::new(5).expect("non-zero"),
+        );
+        let signed = unsigned.clone().with_signature(signed::key().sign(&unsigned));
+        stream.publish(&signed, "m").await;
+        let mut batch = stream
+            .consumer
+            .fetch()
+            .max_messages(1)
+            .expires(RUN_MAX)
+            .messages()
+            .await
+            .expect("fetch");
+        let msg = batch
+            .next()
+            .await
+            .expect("the message is in the stream")
+            .expect("received");
+        let signature = signed.signature.clone().expect("signed");
+        let header = msg
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(leasefence_core::HEADER_SIGNATURE));
+        assert_eq!(
+            header.map(|v| v.as_str()),
+            Some(signature.as_str()),
+            "the stream delivers the signature header"
+        );
+        let (fence, _) = nats::read(&msg);
+        assert_eq!(fence, Ok(Some(signed)), "read keeps the signature");
+        msg.ack().await.expect("ack");
+    };
+    cleaned(body, stream.cleanup()).await;
 }
 
 #[tokio::test]
@@ -298,8 +308,10 @@ async fn a_signed_message_is_applied_once_by_a_consumer_whose_arbiter_holds_the_
     let Some((fx, stream)) = setup_keyed("nats-signed", &key).await else {
         return;
     };
-    signed::signed_applied_once(&fx, &stream, &key, "nats-signed").await;
-    cleanup(fx, stream).await;
+    let body = async {
+        signed::signed_applied_once(&fx, &stream, &key, "nats-signed").await;
+    };
+    cleaned(body, cleanup(&fx, &stream)).await;
 }
 
 #[tokio::test]
@@ -308,8 +320,10 @@ async fn tampered_and_unsigned_messages_are_dropped_as_poison_on_first_delivery_
     let Some((fx, stream)) = setup_keyed("nats-tampered", &key).await else {
         return;
     };
-    signed::tampered_refused(&fx, &stream, &key, "nats-tampered").await;
-    cleanup(fx, stream).await;
+    let body = async {
+        signed::tampered_refused(&fx, &stream, &key, "nats-tampered").await;
+    };
+    cleaned(body, cleanup(&fx, &stream)).await;
 }
 
 #[tokio::test]
@@ -317,8 +331,10 @@ async fn a_message_under_a_key_not_yet_installed_is_retried_and_applies_once_the
     let Some((fx, stream)) = setup_keyed("nats-unknown-key", &signed::key()).await else {
         return;
     };
-    signed::unknown_key_applies_once_installed(&fx, &stream, "nats-unknown-key").await;
-    cleanup(fx, stream).await;
+    let body = async {
+        signed::unknown_key_applies_once_installed(&fx, &stream, "nats-unknown-key").await;
+    };
+    cleaned(body, cleanup(&fx, &stream)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -326,8 +342,10 @@ async fn two_hundred_trials_through_the_arbiter_apply_no_stale_effect() {
     let Some((fx, stream)) = setup("nats-trials").await else {
         return;
     };
-    scenarios::trials_fenced(&fx, &stream, "nats-trials").await;
-    cleanup(fx, stream).await;
+    let body = async {
+        scenarios::trials_fenced(&fx, &stream, "nats-trials").await;
+    };
+    cleaned(body, cleanup(&fx, &stream)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -335,6 +353,8 @@ async fn the_same_trials_without_the_arbiter_apply_stale_effects() {
     let Some((fx, stream)) = setup("nats-control").await else {
         return;
     };
-    scenarios::trials_control(&fx, &stream, "nats-control").await;
-    cleanup(fx, stream).await;
+    let body = async {
+        scenarios::trials_control(&fx, &stream, "nats-control").await;
+    };
+    cleaned(body, cleanup(&fx, &stream)).await;
 }

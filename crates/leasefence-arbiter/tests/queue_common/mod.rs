@@ -8,11 +8,13 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use leasefence_arbiter::postgres::{self, Once, Schema};
 use leasefence_arbiter::queue::{self, HandleError, Handled, Message};
 use leasefence_arbiter::{ArbiterError, Fence, FenceKey, ResourceId, SignatureError, Stale, Token};
@@ -280,6 +282,18 @@ impl Effects {
             let drop = format!("DROP SCHEMA \"{}\" CASCADE", self.schema.name());
             client.batch_execute(&drop).await.expect("drop the keyed schema");
         }
+    }
+}
+
+/// Runs a test's `body`, then its `cleanup` whether the body passed or
+/// panicked, so a failing test does not leave its table, schema, stream or
+/// queue behind; a panic is raised again after the cleanup.
+pub async fn cleaned<T>(body: impl Future<Output = T>, cleanup: impl Future<Output = ()>) -> T {
+    let outcome = AssertUnwindSafe(body).catch_unwind().await;
+    cleanup.await;
+    match outcome {
+        Ok(value) => value,
+        Err(panic) => std::panic::resume_unwind(panic),
     }
 }
 
