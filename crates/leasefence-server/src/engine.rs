@@ -31,10 +31,11 @@ use leasefence_store::{Committer, Seq, StoreError};
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
+use crate::ApiError;
 use crate::leadership::LeaderGate;
+use crate::metrics::{self, Op};
 use crate::quota::{self, PrincipalLimit, Quota};
 use crate::watch::{Filter, Hub, Subscription, WatchError, event_of, publish_durable};
-use crate::{ApiError, metrics};
 
 type WaiterReply = oneshot::Sender<Result<Grant, ApiError>>;
 
@@ -61,7 +62,12 @@ pub struct Engine {
     stopping: tokio::sync::watch::Sender<bool>,
     /// On a shared store: how long this coordinator may still act as leader.
     gate: Option<Arc<LeaderGate>>,
+    metrics: metrics::Handles,
 }
+
+/// How long a read of `/metrics` waits for the state its size gauges show
+/// to be durable (one commit, normally well under a millisecond).
+const SIZES_WAIT: Duration = Duration::from_millis(250);
 
 /// A validated acquire, as the edges hand it in.
 pub struct Acquire {
@@ -116,6 +122,7 @@ impl Engine {
             reaper: Notify::new(),
             stopping: tokio::sync::watch::channel(false).0,
             gate,
+            metrics: metrics::Handles::new(),
         });
         tokio::spawn(reap(Arc::downgrade(&engine)));
         engine
@@ -147,14 +154,9 @@ impl Engine {
 
     /// Resolves with the error once a commit has failed (never, otherwise).
     pub fn store_failed(&self) -> impl std::future::Future<Output = StoreError> + Send + 'static {
-        let mut mark = self.committer.watermark();
+        let failed = self.committer.failed();
         async move {
-            let failed = mark
-                .wait_for(|d| d.failed.is_some())
-                .await
-                .ok()
-                .and_then(|d| d.failed.clone());
-            match failed {
+            match failed.await {
                 Some(e) => e,
                 // The writer is gone without failing: the engine was dropped.
                 None => std::future::pending().await,
@@ -232,7 +234,7 @@ impl Engine {
     ) -> Result<Grant, ApiError> {
         let started = std::time::Instant::now();
         let answer = self.acquire_timed(req, limit).await;
-        metrics::latency("acquire", answer.is_ok(), started.elapsed());
+        self.metrics.latency(Op::Acquire, answer.is_ok(), started.elapsed());
         answer
     }
 
@@ -349,7 +351,7 @@ impl Engine {
     ) -> Result<Grant, ApiError> {
         let started = std::time::Instant::now();
         let answer = self.renew_timed(resource, lease_id, owner).await;
-        metrics::latency("renew", answer.is_ok(), started.elapsed());
+        self.metrics.latency(Op::Renew, answer.is_ok(), started.elapsed());
         answer
     }
 
@@ -371,7 +373,7 @@ impl Engine {
         };
         match result {
             Ok(grant) => {
-                metrics::renewal();
+                self.metrics.renewal();
                 Ok(grant)
             }
             Err(e) => {
@@ -394,7 +396,7 @@ impl Engine {
     ) -> Result<Token, ApiError> {
         let started = std::time::Instant::now();
         let answer = self.release_timed(resource, lease_id, owner).await;
-        metrics::latency("release", answer.is_ok(), started.elapsed());
+        self.metrics.latency(Op::Release, answer.is_ok(), started.elapsed());
         answer
     }
 
@@ -481,7 +483,6 @@ impl Engine {
         for effect in inner.machine.take_effects() {
             match effect {
                 Effect::Persist(m) => {
-                    metrics::mutation(&m);
                     inner.quota.mutation(&m);
                     let (resource, kind, token, holder) = event_of(&m);
                     let seq = self.committer.submit(m);
@@ -500,9 +501,27 @@ impl Engine {
                 }
             }
         }
-        let held = inner.machine.held_count();
-        let queue = inner.machine.deadline_count();
-        metrics::sizes(held, inner.machine.resource_count(), inner.waiters.len(), queue);
+    }
+
+    /// Sets the size gauges to the machine's state as of now, once every
+    /// mutation behind that state is durable; if that takes longer than
+    /// [`SIZES_WAIT`] (a stuck disk) or fails, they keep their last values,
+    /// which were durable. Called when `/metrics` is read, so that no call
+    /// pays for gauges nobody reads.
+    pub async fn record_sizes(&self) {
+        let (sizes, barrier) = {
+            let inner = self.lock();
+            let sizes = metrics::Sizes {
+                held: inner.machine.held_count(),
+                resources: inner.machine.resource_count(),
+                waiters: inner.waiters.len(),
+                expiry_queue: inner.machine.deadline_count(),
+            };
+            (sizes, self.committer.last_submitted())
+        };
+        if let Ok(Ok(())) = tokio::time::timeout(SIZES_WAIT, self.committer.durable(barrier)).await {
+            metrics::sizes(&sizes);
+        }
     }
 
     /// Answers a waiter once its grant (sequence number `seq`) is durable. If

@@ -56,16 +56,19 @@ pub const BODY_BYTES_MAX: usize = 64 * 1024;
 
 pub fn router(node: Arc<Node>, metrics: Option<PrometheusHandle>, access: Arc<Access>) -> Router {
     // Metrics name no resource: any known principal may read them.
-    let metrics_route = get(move |_: Caller| {
-        let rendered = metrics.as_ref().map(|h| h.render());
+    let metrics_route = get(move |State(node): State<Arc<Node>>, _: Caller| {
+        let handle = metrics.clone();
         async move {
-            match rendered {
-                Some(text) => (StatusCode::OK, text),
-                None => (
+            let Some(handle) = handle else {
+                return (
                     StatusCode::NOT_FOUND,
                     "metrics are not enabled in this process\n".to_string(),
-                ),
+                );
+            };
+            if let Ok(engine) = node.engine() {
+                engine.record_sizes().await;
             }
+            (StatusCode::OK, handle.render())
         }
     });
     Router::new()

@@ -2,11 +2,16 @@
 //! consistent. Exposed at `GET /metrics` (Prometheus text) when the process
 //! installed a recorder ([`install_prometheus`]); otherwise every call here is
 //! a no-op.
+//!
+//! Like every answer, a metric shows only what is durable: the store's writer
+//! counts grants, releases and expiries after their commit and before anyone
+//! is told (`leasefence_store::GRANTS_TOTAL` and its neighbours), and the
+//! size gauges are read when `/metrics` is, from a state on disk by then.
 
 use std::time::Duration;
 
-use leasefence_core::{LeaseError, Mutation, ReleaseCause};
-use metrics::{counter, gauge, histogram};
+use leasefence_core::LeaseError;
+use metrics::{Counter, Histogram, counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 /// Bucket bounds of every `*_seconds` histogram: 100 µs to 10 s.
@@ -56,20 +61,6 @@ pub fn install_prometheus_every(upkeep: Duration) -> Option<PrometheusHandle> {
     Some(handle)
 }
 
-pub(crate) fn mutation(m: &Mutation) {
-    match m {
-        Mutation::Grant { .. } => counter!("leasefence_grants_total").increment(1),
-        Mutation::Release {
-            cause: ReleaseCause::Released,
-            ..
-        } => counter!("leasefence_releases_total").increment(1),
-        Mutation::Release {
-            cause: ReleaseCause::Expired,
-            ..
-        } => counter!("leasefence_expiries_total").increment(1),
-    }
-}
-
 pub(crate) fn refusal(e: &LeaseError) {
     counter!("leasefence_refusals_total", "reason" => leasefence_proto::error_kind(e)).increment(1);
 }
@@ -86,11 +77,45 @@ pub(crate) fn auth_refusal(e: &crate::auth::AuthError) {
     }
 }
 
-/// How long an acquire (waiting in the queue included), renew or release took
-/// to answer, by outcome.
-pub(crate) fn latency(op: &'static str, ok: bool, took: Duration) {
-    let outcome = if ok { "ok" } else { "error" };
-    histogram!("leasefence_request_seconds", "op" => op, "outcome" => outcome).record(took.as_secs_f64());
+/// The calls whose answer time is recorded, by `op` label.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Op {
+    Acquire,
+    Renew,
+    Release,
+}
+
+/// The handles of the series every call moves, looked up once: a look-up
+/// builds and hashes the series' key and searches the recorder's registry,
+/// which cost more than the engine's own work for a call. Taken when an
+/// engine starts, from the recorder installed then (`serve` installs it
+/// first); an engine started before any recorder records nothing.
+pub(crate) struct Handles {
+    /// `leasefence_request_seconds{op, outcome}`: how long an acquire (waiting
+    /// in the queue included), renew or release took to answer; by [`Op`],
+    /// then ok / error.
+    latency: [[Histogram; 2]; 3],
+    renewals: Counter,
+}
+
+impl Handles {
+    pub(crate) fn new() -> Handles {
+        let by_outcome = |op: &'static str| {
+            ["ok", "error"].map(|outcome| histogram!("leasefence_request_seconds", "op" => op, "outcome" => outcome))
+        };
+        Handles {
+            latency: [by_outcome("acquire"), by_outcome("renew"), by_outcome("release")],
+            renewals: counter!("leasefence_renewals_total"),
+        }
+    }
+
+    pub(crate) fn latency(&self, op: Op, ok: bool, took: Duration) {
+        self.latency[op as usize][usize::from(!ok)].record(took.as_secs_f64());
+    }
+
+    pub(crate) fn renewal(&self) {
+        self.renewals.increment(1);
+    }
 }
 
 /// Counts an open watch stream in `leasefence_watchers` while it lives.
@@ -109,22 +134,26 @@ impl Drop for Watching {
     }
 }
 
-pub(crate) fn renewal() {
-    counter!("leasefence_renewals_total").increment(1);
-}
-
 pub(crate) fn store_failure() {
     counter!("leasefence_store_failures_total").increment(1);
 }
 
 /// How big the machine's in-memory state is; `expiry_queue` counts the expiry
 /// queue's entries (live leases, open lock-delays, and ended leases' entries not
-/// yet dropped: at most about twice the live ones).
-pub(crate) fn sizes(held: usize, resources: usize, waiters: usize, expiry_queue: usize) {
-    gauge!("leasefence_leases_held").set(held as f64);
-    gauge!("leasefence_resources").set(resources as f64);
-    gauge!("leasefence_waiters").set(waiters as f64);
-    gauge!("leasefence_expiry_queue_entries").set(expiry_queue as f64);
+/// yet dropped: at most about twice the live ones). Set when `/metrics` is
+/// read, from a state that is durable by then (see `Engine::record_sizes`).
+pub(crate) struct Sizes {
+    pub held: usize,
+    pub resources: usize,
+    pub waiters: usize,
+    pub expiry_queue: usize,
+}
+
+pub(crate) fn sizes(s: &Sizes) {
+    gauge!("leasefence_leases_held").set(s.held as f64);
+    gauge!("leasefence_resources").set(s.resources as f64);
+    gauge!("leasefence_waiters").set(s.waiters as f64);
+    gauge!("leasefence_expiry_queue_entries").set(s.expiry_queue as f64);
 }
 
 /// 1 while this coordinator is the active one, 0 as a standby.

@@ -6,58 +6,14 @@ mod common;
 
 use std::time::Duration;
 
-use common::GatedStore;
-use leasefence_server::{Server, ServerConfig};
-use serde_json::{Value, json};
-
-struct Running {
-    base: String,
-    http: reqwest::Client,
-    served: tokio::task::JoinHandle<Result<(), leasefence_server::ServerError>>,
-}
-
-async fn start(store: GatedStore) -> Running {
-    let dir = std::env::temp_dir();
-    let config = ServerConfig::new("127.0.0.1:0".parse().expect("addr"), dir);
-    let server = Server::bind_with_store(config, store).await.expect("bind");
-    let base = format!("http://{}", server.local_addr().expect("addr"));
-    let served = tokio::spawn(server.run(std::future::pending()));
-    Running {
-        base,
-        http: reqwest::Client::new(),
-        served,
-    }
-}
-
-impl Running {
-    async fn acquire(&self, resource: &str) -> (u16, Value) {
-        let body = json!({ "resource": resource, "ttl_ms": 60_000, "holder": "a" });
-        let r = self
-            .http
-            .post(format!("{}/v1/acquire", self.base))
-            .json(&body)
-            .send()
-            .await
-            .expect("send");
-        (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
-    }
-
-    async fn get(&self, path: &str) -> (u16, String) {
-        let r = self
-            .http
-            .get(format!("{}{path}", self.base))
-            .send()
-            .await
-            .expect("send");
-        (r.status().as_u16(), r.text().await.unwrap_or_default())
-    }
-}
+use common::{GatedStore, Http};
+use serde_json::Value;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_waits_until_the_grant_it_shows_is_durable() {
     let store = GatedStore::new();
     let gate = store.gate.clone();
-    let s = std::sync::Arc::new(start(store).await);
+    let s = std::sync::Arc::new(Http::start(store, None).await);
     gate.shut();
     let s2 = s.clone();
     let granting = tokio::spawn(async move { s2.acquire("s/1").await });
@@ -81,7 +37,7 @@ async fn status_waits_until_the_grant_it_shows_is_durable() {
 async fn a_failed_commit_is_fatal() {
     let store = GatedStore::new();
     let gate = store.gate.clone();
-    let s = start(store).await;
+    let s = Http::start(store, None).await;
     assert_eq!(s.acquire("f/1").await.0, 200);
     assert_eq!(s.get("/healthz").await.0, 200);
     gate.fail();

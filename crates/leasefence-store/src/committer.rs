@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use leasefence_core::Mutation;
+use leasefence_core::{Mutation, ReleaseCause};
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::{mpsc, watch};
 
@@ -83,7 +83,16 @@ pub struct Committer {
     /// sequence order is queue order even for concurrent submitters.
     tx: Arc<Mutex<(Seq, mpsc::UnboundedSender<Job>)>>,
     durable: watch::Receiver<Durable>,
+    /// Set once, by the commit that failed: unlike `durable`, it does not
+    /// wake whoever waits on it at every commit.
+    failed: watch::Receiver<Option<StoreError>>,
     counters: Arc<Counters>,
+}
+
+/// What the writer moves: the watermark after every commit, the failure once.
+struct Marks {
+    durable: watch::Sender<Durable>,
+    failed: watch::Sender<Option<StoreError>>,
 }
 
 impl Committer {
@@ -100,11 +109,16 @@ impl Committer {
         let batch_max = batch_max.min(store.batch_max());
         let (tx, rx) = mpsc::unbounded_channel();
         let (durable_tx, durable) = watch::channel(Durable::default());
+        let (failed_tx, failed) = watch::channel(None);
         let counters = Arc::new(Counters::default());
         let c = counters.clone();
+        let marks = Marks {
+            durable: durable_tx,
+            failed: failed_tx,
+        };
         let spawned = thread::Builder::new()
             .name(WRITER_THREAD.into())
-            .spawn(move || write_loop(store, rx, batch_max.max(1), spin, &c, &durable_tx));
+            .spawn(move || write_loop(store, rx, batch_max.max(1), spin, &c, &marks));
         if let Err(e) = spawned {
             // Without a writer every wait fails with `Closed`; say why once.
             tracing::error!(error = %e, "cannot start the store writer thread");
@@ -112,6 +126,7 @@ impl Committer {
         Committer {
             tx: Arc::new(Mutex::new((0, tx))),
             durable,
+            failed,
             counters,
         }
     }
@@ -153,6 +168,14 @@ impl Committer {
         self.durable.clone()
     }
 
+    /// Resolves with the error that stops the writer, once one does (by
+    /// then [`Committer::failure`] says so too); `None` if the writer ended
+    /// without failing. Commits do not wake it.
+    pub fn failed(&self) -> impl std::future::Future<Output = Option<StoreError>> + Send + 'static {
+        let mut failed = self.failed.clone();
+        async move { failed.wait_for(Option::is_some).await.ok().and_then(|f| f.clone()) }
+    }
+
     /// The error that stopped the writer, if one did.
     pub fn failure(&self) -> Option<StoreError> {
         self.durable.borrow().failed.clone()
@@ -171,6 +194,12 @@ impl Committer {
 pub const COMMIT_SECONDS: &str = "leasefence_store_commit_seconds";
 /// How many mutations one commit carried: a histogram.
 pub const BATCH_MUTATIONS: &str = "leasefence_store_batch_mutations";
+/// Grants, releases and expiries made durable: counters, moved by the writer
+/// after a batch's commit and before its callers are told, so that they never
+/// count what a crash could take back and always count what was answered.
+pub const GRANTS_TOTAL: &str = "leasefence_grants_total";
+pub const RELEASES_TOTAL: &str = "leasefence_releases_total";
+pub const EXPIRIES_TOTAL: &str = "leasefence_expiries_total";
 /// How long one checkpoint of the embedded store took (its commit log folded
 /// into its tree, in one durable transaction; the writer waits for it), in
 /// seconds: a histogram.
@@ -182,10 +211,12 @@ fn write_loop<S: LeaseStore>(
     batch_max: usize,
     spin: Duration,
     c: &Counters,
-    durable: &watch::Sender<Durable>,
+    marks: &Marks,
 ) {
+    let durable = &marks.durable;
     let mut jobs: Vec<Job> = Vec::with_capacity(batch_max);
     let mut batch: Vec<Mutation> = Vec::with_capacity(batch_max);
+    let recorded = Recorded::new();
     while let Some(first) = next_job(&mut rx, spin) {
         jobs.push(first);
         while jobs.len() < batch_max {
@@ -198,9 +229,8 @@ fn write_loop<S: LeaseStore>(
             batch.extend(jobs.iter().map(|j| j.mutation.clone()));
             let started = std::time::Instant::now();
             let result = store.apply(&batch);
-            metrics::histogram!(COMMIT_SECONDS).record(started.elapsed().as_secs_f64());
-            metrics::histogram!(BATCH_MUTATIONS).record(jobs.len() as f64);
-            batch.clear();
+            recorded.commit.record(started.elapsed().as_secs_f64());
+            recorded.batch.record(jobs.len() as f64);
             c.batches.fetch_add(1, Ordering::Relaxed);
             c.mutations.fetch_add(jobs.len() as u64, Ordering::Relaxed);
             let last = jobs.last().map_or(0, |j| j.seq);
@@ -208,6 +238,7 @@ fn write_loop<S: LeaseStore>(
             // failed upkeep fails what comes after, as a failed commit does
             // (what it reports durable already is: `through` passed it).
             let outcome = result.and_then(|()| {
+                recorded.count_durable(&batch);
                 durable.send_modify(|d| d.through = last);
                 store.maintain()
             });
@@ -216,13 +247,65 @@ fn write_loop<S: LeaseStore>(
                 Err(e) => {
                     tracing::error!(error = %e, "store commit failed; refusing further writes until restart");
                     durable.send_modify(|d| {
-                        d.failed = Some(e);
+                        d.failed = Some(e.clone());
                         d.failed_through = last;
                     });
+                    marks.failed.send_replace(Some(e));
                 }
             }
+            batch.clear();
         }
         jobs.clear();
+    }
+}
+
+/// The writer's metric handles, looked up once when it starts (a look-up per
+/// batch cost as much as the batch's own encoding): a recorder must be
+/// installed before the committer starts to see them, as `serve` does.
+struct Recorded {
+    commit: metrics::Histogram,
+    batch: metrics::Histogram,
+    grants: metrics::Counter,
+    releases: metrics::Counter,
+    expiries: metrics::Counter,
+}
+
+impl Recorded {
+    fn new() -> Recorded {
+        Recorded {
+            commit: metrics::histogram!(COMMIT_SECONDS),
+            batch: metrics::histogram!(BATCH_MUTATIONS),
+            grants: metrics::counter!(GRANTS_TOTAL),
+            releases: metrics::counter!(RELEASES_TOTAL),
+            expiries: metrics::counter!(EXPIRIES_TOTAL),
+        }
+    }
+
+    /// Adds a committed batch's grants, releases and expiries to their counters.
+    fn count_durable(&self, batch: &[Mutation]) {
+        let (mut grants, mut releases, mut expiries) = (0u64, 0u64, 0u64);
+        for m in batch {
+            match m {
+                Mutation::Grant { .. } => grants += 1,
+                Mutation::Release {
+                    cause: ReleaseCause::Released,
+                    ..
+                } => releases += 1,
+                Mutation::Release {
+                    cause: ReleaseCause::Expired,
+                    ..
+                } => expiries += 1,
+            }
+        }
+        for (counter, n) in [
+            (&self.grants, grants),
+            (&self.releases, releases),
+            (&self.expiries, expiries),
+        ] {
+            if n > 0 {
+                counter.increment(n);
+            }
+        }
     }
 }
 

@@ -66,3 +66,49 @@ async fn an_idle_writer_sleeps_after_its_spin_even_when_asked_to_spin_for_ever()
     // A writer polling all along would use about 50 ticks of 10 ms here.
     assert!(used <= 5, "the idle writer used {used} ticks of CPU in 500 ms");
 }
+
+/// Commits its first `good` batches, then fails every one after.
+struct FailsAfter {
+    inner: MemoryStore,
+    good: usize,
+}
+
+impl LeaseStore for FailsAfter {
+    fn load(&mut self) -> Result<Vec<leasefence_core::StoredResource>, StoreError> {
+        self.inner.load()
+    }
+
+    fn apply(&mut self, batch: &[Mutation]) -> Result<(), StoreError> {
+        if self.good == 0 {
+            return Err(StoreError::Io("injected write failure".into()));
+        }
+        self.good -= 1;
+        self.inner.apply(batch)
+    }
+}
+
+#[tokio::test]
+async fn failed_resolves_with_the_failure_and_not_with_a_commit() {
+    let store = FailsAfter {
+        inner: MemoryStore::new(),
+        good: 1,
+    };
+    let committer = Committer::start(store, 16);
+    let failed = committer.failed();
+    tokio::pin!(failed);
+    let first = committer.submit(grant("fail/a", 1, 1));
+    committer.durable(first).await.expect("the first commit succeeds");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), &mut failed)
+            .await
+            .is_err(),
+        "resolved while every commit succeeded"
+    );
+    let second = committer.submit(grant("fail/b", 1, 2));
+    assert!(committer.durable(second).await.is_err(), "the second commit fails");
+    let e = tokio::time::timeout(Duration::from_secs(5), failed)
+        .await
+        .expect("resolves once a commit failed");
+    assert_eq!(e, Some(StoreError::Io("injected write failure".into())));
+    assert_eq!(committer.failure(), e, "failure() says so by then");
+}

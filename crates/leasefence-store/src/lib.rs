@@ -37,8 +37,8 @@ mod test_proxy;
 mod wal;
 
 pub use committer::{
-    BATCH_MUTATIONS, CHECKPOINT_SECONDS, COMMIT_SECONDS, Committer, CommitterStats, Durable, IDLE_SPIN, IDLE_SPIN_MAX,
-    Seq,
+    BATCH_MUTATIONS, CHECKPOINT_SECONDS, COMMIT_SECONDS, Committer, CommitterStats, Durable, EXPIRIES_TOTAL,
+    GRANTS_TOTAL, IDLE_SPIN, IDLE_SPIN_MAX, RELEASES_TOTAL, Seq,
 };
 pub use embedded::EmbeddedStore;
 #[cfg(feature = "etcd")]

@@ -105,3 +105,52 @@ pub fn acquire(r: &str, holder: &str, ttl: Duration, wait: Duration) -> leasefen
         lock_delay: Duration::ZERO,
     }
 }
+
+/// A server on a [`GatedStore`], reached over HTTP/JSON.
+pub struct Http {
+    pub base: String,
+    http: reqwest::Client,
+    pub served: tokio::task::JoinHandle<Result<(), leasefence_server::ServerError>>,
+}
+
+impl Http {
+    /// Serves `store` on a free loopback port, with `metrics` at `/metrics`.
+    pub async fn start(store: GatedStore, metrics: Option<metrics_exporter_prometheus::PrometheusHandle>) -> Http {
+        let mut config =
+            leasefence_server::ServerConfig::new("127.0.0.1:0".parse().expect("addr"), std::env::temp_dir());
+        config.metrics = metrics;
+        let server = leasefence_server::Server::bind_with_store(config, store)
+            .await
+            .expect("bind");
+        let base = format!("http://{}", server.local_addr().expect("addr"));
+        let served = tokio::spawn(server.run(std::future::pending()));
+        Http {
+            base,
+            http: reqwest::Client::new(),
+            served,
+        }
+    }
+
+    /// Acquires `resource` for a minute as holder `a`: the status and the JSON body.
+    pub async fn acquire(&self, resource: &str) -> (u16, serde_json::Value) {
+        let body = serde_json::json!({ "resource": resource, "ttl_ms": 60_000, "holder": "a" });
+        let r = self
+            .http
+            .post(format!("{}/v1/acquire", self.base))
+            .json(&body)
+            .send()
+            .await
+            .expect("send");
+        (r.status().as_u16(), r.json().await.unwrap_or(serde_json::Value::Null))
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, String) {
+        let r = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .expect("send");
+        (r.status().as_u16(), r.text().await.unwrap_or_default())
+    }
+}
