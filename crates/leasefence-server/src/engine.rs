@@ -508,7 +508,7 @@ impl Engine {
     /// [`SIZES_WAIT`] (a stuck disk) or fails, they keep their last values,
     /// which were durable. Called when `/metrics` is read, so that no call
     /// pays for gauges nobody reads.
-    pub async fn record_sizes(&self) {
+    pub(crate) async fn record_sizes(&self) {
         let (sizes, barrier) = {
             let inner = self.lock();
             let sizes = metrics::Sizes {
