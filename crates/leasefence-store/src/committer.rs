@@ -261,8 +261,8 @@ fn write_loop<S: LeaseStore>(
 
 /// The writer's metric handles, looked up once when it starts (looked up per
 /// batch, they cost more instructions than encoding the batch's records, by
-/// callgrind): a recorder must be
-/// installed before the committer starts to see them, as `serve` does.
+/// callgrind): a recorder must be installed before the committer starts to
+/// see them, as `serve` does.
 struct Recorded {
     commit: metrics::Histogram,
     batch: metrics::Histogram,
