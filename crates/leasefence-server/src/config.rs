@@ -16,7 +16,8 @@ pub struct ServerConfig {
     /// The most mutations in one store transaction.
     pub batch_max: usize,
     /// How long the store's writer looks for more work after a commit before
-    /// it sleeps (see `leasefence_store::Committer::start_with`).
+    /// it sleeps, and a call waiting alone for its commit looks for it (see
+    /// `leasefence_store::Committer::start_with`).
     pub commit_spin: Duration,
     /// Renders `GET /metrics`; `None` serves 404 there.
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,

@@ -112,3 +112,78 @@ async fn failed_resolves_with_the_failure_and_not_with_a_commit() {
     assert_eq!(e, Some(StoreError::Io("injected write failure".into())));
     assert_eq!(committer.failure(), e, "failure() says so by then");
 }
+
+/// Takes `delay` over every commit.
+struct Slow {
+    inner: MemoryStore,
+    delay: Duration,
+}
+
+impl LeaseStore for Slow {
+    fn load(&mut self) -> Result<Vec<leasefence_core::StoredResource>, StoreError> {
+        self.inner.load()
+    }
+
+    fn apply(&mut self, batch: &[Mutation]) -> Result<(), StoreError> {
+        std::thread::sleep(self.delay);
+        self.inner.apply(batch)
+    }
+}
+
+#[test]
+fn a_caller_spins_only_alone_and_only_for_commits_quicker_than_the_spin() {
+    let spin = IDLE_SPIN;
+    let quick = IDLE_SPIN / 2;
+    assert!(lone_spin(1, quick, spin), "alone, with quick commits");
+    assert!(lone_spin(1, Duration::ZERO, spin), "before the first commit");
+    assert!(!lone_spin(2, quick, spin), "another caller waits too");
+    assert!(!lone_spin(1, spin * 10, spin), "commits take longer than the spin");
+    assert!(!lone_spin(1, quick, Duration::ZERO), "spinning is off");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_spinning_caller_lets_the_other_tasks_of_its_thread_run() {
+    // Spins for the whole 5 ms commit: nothing committed yet, so the last
+    // commit was quicker than the spin.
+    let store = Slow {
+        inner: MemoryStore::new(),
+        delay: Duration::from_millis(5),
+    };
+    let committer = Committer::start_with(store, 16, IDLE_SPIN_MAX);
+    let ticks = Arc::new(AtomicU64::new(0));
+    let counting = {
+        let ticks = ticks.clone();
+        tokio::spawn(async move {
+            loop {
+                ticks.fetch_add(1, Ordering::Relaxed);
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    let seq = committer.submit(grant("spin/a", 1, 1));
+    committer.durable(seq).await.expect("committed");
+    counting.abort();
+    assert!(
+        ticks.load(Ordering::Relaxed) > 0,
+        "the other task never ran while the caller waited"
+    );
+}
+
+#[tokio::test]
+async fn a_wait_given_up_is_no_longer_counted_as_waiting() {
+    let store = Slow {
+        inner: MemoryStore::new(),
+        delay: Duration::from_millis(100),
+    };
+    let committer = Committer::start(store, 16);
+    let seq = committer.submit(grant("gone/a", 1, 1));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(1), committer.durable(seq))
+            .await
+            .is_err(),
+        "a 100 ms commit was durable within 1 ms"
+    );
+    assert_eq!(committer.waiting(), 0, "the abandoned wait still counts");
+    committer.durable(seq).await.expect("committed");
+    assert_eq!(committer.waiting(), 0, "a finished wait still counts");
+}

@@ -140,8 +140,9 @@ pub struct ServeArgs {
     pub lock_delay_max: Duration,
     /// How long the store's writer keeps looking for work after a commit
     /// before it sleeps: a thread woken from sleep answers later, most of all
-    /// on a virtual machine. Costs up to this much CPU per commit, none while
-    /// idle; 0 turns it off. At most 10ms.
+    /// on a virtual machine. A call waiting alone for a commit looks for it
+    /// as long. Costs up to this much CPU per commit, none while idle; 0
+    /// turns both off. At most 10ms.
     #[arg(long, default_value = "200us", value_parser = parse_commit_spin)]
     pub commit_spin: Duration,
     /// Keep the records in an engine several coordinators share, for high
