@@ -169,11 +169,8 @@ impl Committer {
         }
         let until = Instant::now() + self.spin;
         loop {
-            {
-                let d = rx.borrow();
-                if d.through >= seq || d.failed.is_some() {
-                    return;
-                }
+            if settled(&rx.borrow(), seq) {
+                return;
             }
             if self.waiting.load(Ordering::Relaxed) > 1 || Instant::now() >= until {
                 return;
@@ -183,7 +180,8 @@ impl Committer {
     }
 
     /// How many callers wait in [`Committer::durable`] now.
-    pub fn waiting(&self) -> usize {
+    #[cfg(test)]
+    fn waiting(&self) -> usize {
         self.waiting.load(Ordering::Relaxed)
     }
 
@@ -198,10 +196,7 @@ impl Committer {
         let mut rx = self.durable.clone();
         let _waiting = Waiting::enter(&self.waiting);
         self.spin_alone(&rx, seq).await;
-        let state = rx
-            .wait_for(|d| d.through >= seq || d.failed.is_some())
-            .await
-            .map_err(|_| StoreError::Closed)?;
+        let state = rx.wait_for(|d| settled(d, seq)).await.map_err(|_| StoreError::Closed)?;
         match &state.failed {
             _ if seq <= state.through => Ok(()),
             Some(e) if seq <= state.failed_through => Err(e.clone()),
@@ -234,6 +229,11 @@ impl Committer {
             mutations: self.counters.mutations.load(Ordering::Relaxed),
         }
     }
+}
+
+/// Whether the wait for `seq` is over: it is durable, or the writer failed.
+fn settled(d: &Durable, seq: Seq) -> bool {
+    d.through >= seq || d.failed.is_some()
 }
 
 /// Whether a caller about to wait for its commit spins first: only when it
