@@ -105,6 +105,8 @@ impl Gateway {
     }
 
     /// Serves until `shutdown` completes, then lets requests in flight finish.
+    /// `shutdown` is first polled only once serving has begun: a signal
+    /// handler in it must be installed before it is passed in.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
         let app = http::router(self.store);
         axum::serve(self.listener, app).with_graceful_shutdown(shutdown).await

@@ -165,6 +165,8 @@ impl Server {
     /// (crash-only, as after a failed fsync: nothing is guessed, the restart
     /// reloads what is on disk); on a shared store the coordinator steps down
     /// instead and campaigns again, which reloads from the engine.
+    /// `shutdown` is first polled only once serving has begun: a signal
+    /// handler in it must be installed before it is passed in.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
         // The edge calls the gRPC service for its own paths; the HTTP
         // router answers every other path (unknown ones in JSON or gRPC).

@@ -81,6 +81,8 @@ pub async fn run(a: GatewayArgs) -> CmdResult {
     let signed = config.fence_keys().map_or(0, |v| v.keys().len());
     let gateway = Gateway::bind(config).await?;
     let (temp_files, orphan_blobs) = gateway.swept();
+    // Before the listening line: from then on SIGTERM stops it gracefully.
+    let shutdown = crate::serve::shutdown_signal();
     // One line on stdout, so scripts (and tests) learn the port when --listen used port 0.
     println!(
         "leasefence gateway listening on {} (data dir {}, objects up to {} bytes, {}, swept {temp_files} \
@@ -94,7 +96,7 @@ pub async fn run(a: GatewayArgs) -> CmdResult {
             format!("fences signed with {signed} key(s)")
         }
     );
-    gateway.run(crate::serve::shutdown_signal()).await?;
+    gateway.run(shutdown).await?;
     tracing::info!("stopped");
     Ok(())
 }

@@ -58,10 +58,12 @@ pub async fn run(a: ServeArgs) -> CmdResult {
             (bind_shared(config, &store, a.store_prefix.as_deref(), ha).await?, at)
         }
     };
+    // Before the listening line: from then on SIGTERM stops it gracefully.
+    let shutdown = shutdown_signal();
     // One line on stdout, so scripts (and tests) learn the bound port when --listen used port 0.
     let tls = if a.tls_cert.is_some() { ", TLS" } else { "" };
     println!("leasefence listening on {} ({at}{tls})", server.local_addr()?);
-    match server.run(shutdown_signal()).await {
+    match server.run(shutdown).await {
         Ok(()) => {
             tracing::info!("stopped");
             Ok(())
@@ -205,18 +207,36 @@ async fn bind_etcd(_: ServerConfig, _: &str, _: Option<String>, _: HaConfig) -> 
     ))
 }
 
-/// Completes on SIGINT or SIGTERM.
-pub(crate) async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+/// Completes on SIGINT or SIGTERM. The handlers are installed when this is
+/// called, not when the future is first polled: `axum::serve` polls it from a
+/// task of its own that may run only after the first connections are served,
+/// and a SIGTERM that came before would take the signal's default action
+/// (killed, nothing drained). Call it before the listening line is printed.
+pub(crate) fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
+    use tokio::signal::unix::SignalKind;
+    let term = handler(SignalKind::terminate(), "SIGTERM");
+    let int = handler(SignalKind::interrupt(), "SIGINT");
+    async move {
+        tokio::select! {
+            () = received(term) => {}
+            () = received(int) => {}
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = term => {}
+    }
+}
+
+/// The handler of one signal, installed now; `None` (said once) if it cannot be.
+fn handler(kind: tokio::signal::unix::SignalKind, name: &str) -> Option<tokio::signal::unix::Signal> {
+    tokio::signal::unix::signal(kind)
+        .inspect_err(|e| tracing::warn!(error = %e, "cannot handle {name}: it will not stop the process gracefully"))
+        .ok()
+}
+
+/// Completes when `signal` arrives; never without a handler.
+async fn received(signal: Option<tokio::signal::unix::Signal>) {
+    match signal {
+        Some(mut s) => {
+            s.recv().await;
+        }
+        None => std::future::pending().await,
     }
 }

@@ -191,7 +191,8 @@ async fn serve_logs(extra: &[&str]) -> String {
     else {
         panic!("{line:?}: {}", stderr_of(&mut child));
     };
-    // Serving: its SIGTERM handler is in place and it has logged its start.
+    // Serving, so it has logged its start (its SIGTERM handler is in place
+    // from the listening line on).
     let health = reqwest::get(format!("http://{addr}/healthz")).await.expect("healthz");
     assert_eq!(health.status().as_u16(), 200);
     stop(&mut child);

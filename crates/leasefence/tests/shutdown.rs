@@ -1,5 +1,7 @@
 //! `leasefence serve` stops promptly on SIGTERM even while acquires are queued
-//! and watch streams are open, and a restart keeps the held lease's token.
+//! and watch streams are open, and a restart keeps the held lease's token;
+//! `serve` and `gateway` stop gracefully on a SIGTERM sent as soon as they
+//! print their listening line.
 
 mod common;
 
@@ -194,4 +196,30 @@ async fn sigterm_under_load_keeps_every_answered_grant() {
         before,
         t0.elapsed()
     );
+}
+
+/// Supervisors stop what they started at any moment, a fresh process too:
+/// once `leasefence COMMAND` printed its listening line, SIGTERM must take
+/// the graceful path (exit 0), not the signal's default action (killed,
+/// nothing drained). Repeated, since the moment it lands in is a race.
+fn sigterm_right_after_the_listening_line_is_graceful(command: &str, prefix: &str) {
+    for attempt in 0..20 {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut child, _, _) = common::spawn_listening(command, dir.path(), &[], prefix);
+        let pid = libc::pid_t::try_from(child.id()).expect("pid");
+        // SAFETY: signals the child this test started and still owns.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let status = child.wait().expect("wait");
+        assert!(status.success(), "attempt {attempt}: {command} ended with {status:?}");
+    }
+}
+
+#[test]
+fn sigterm_right_after_the_listening_line_stops_serve_gracefully() {
+    sigterm_right_after_the_listening_line_is_graceful("serve", "leasefence listening on ");
+}
+
+#[test]
+fn sigterm_right_after_the_listening_line_stops_the_gateway_gracefully() {
+    sigterm_right_after_the_listening_line_is_graceful("gateway", "leasefence gateway listening on ");
 }
