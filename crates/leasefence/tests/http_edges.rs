@@ -200,9 +200,7 @@ async fn serve_logs(extra: &[&str]) -> String {
 }
 
 fn stop(child: &mut Child) {
-    let pid = libc::pid_t::try_from(child.id()).expect("pid");
-    // SAFETY: signals the child this test started and still owns.
-    unsafe { libc::kill(pid, libc::SIGTERM) };
+    common::sigterm(child);
     child.wait().expect("wait");
 }
 

@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::Duration;
 
 use common::Coordinator;
@@ -139,14 +138,7 @@ async fn the_ndjson_watch_delivers_resumes_filters_and_ends_on_sigterm() {
     );
 
     // SIGTERM: the stream's last line says why it ends, then it ends.
-    let pid = c.child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .expect("kill")
-            .success()
-    );
+    common::sigterm(&c.child);
     let last = all.next().await.expect("a last line");
     assert_eq!(last["error"], "shutting_down", "{last}");
     assert_eq!(all.next().await, None, "the stream ends");

@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{Coordinator, ms};
@@ -47,14 +46,7 @@ async fn sigterm_ends_waiters_and_watchers_and_exits_zero() {
     tokio::time::sleep(ms(200)).await;
 
     let t0 = Instant::now();
-    let pid = coordinator.child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .expect("kill")
-            .success()
-    );
+    common::sigterm(&coordinator.child);
     let status = tokio::task::spawn_blocking(move || coordinator.child.wait().map(|s| (s, coordinator)))
         .await
         .expect("join")
@@ -137,14 +129,7 @@ async fn sigterm_under_load_keeps_every_answered_grant() {
     let before = answered.lock().expect("lock").len();
     assert!(before >= 20, "load was running: {before} grants answered");
     let t0 = Instant::now();
-    let pid = coordinator.child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .expect("kill")
-            .success()
-    );
+    common::sigterm(&coordinator.child);
     let (status, coordinator_dir) = tokio::task::spawn_blocking(move || {
         let s = coordinator.child.wait().expect("wait");
         (s, coordinator)
@@ -206,9 +191,7 @@ fn sigterm_right_after_the_listening_line_is_graceful(command: &str, prefix: &st
     for attempt in 0..20 {
         let dir = tempfile::tempdir().expect("tempdir");
         let (mut child, _, _) = common::spawn_listening(command, dir.path(), &[], prefix);
-        let pid = libc::pid_t::try_from(child.id()).expect("pid");
-        // SAFETY: signals the child this test started and still owns.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
+        common::sigterm(&child);
         let status = child.wait().expect("wait");
         assert!(status.success(), "attempt {attempt}: {command} ended with {status:?}");
     }

@@ -81,6 +81,13 @@ pub fn cli(args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// Sends SIGTERM to `child`, a process this test started and still owns.
+pub fn sigterm(child: &Child) {
+    let pid = libc::pid_t::try_from(child.id()).expect("pid");
+    // SAFETY: signals a child of this test that it has not yet waited for.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0, "kill(SIGTERM)");
+}
+
 pub fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
