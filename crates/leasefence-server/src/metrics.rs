@@ -87,7 +87,7 @@ pub(crate) enum Op {
 
 /// The handles of the series every call moves, looked up once: a look-up
 /// builds and hashes the series' key and searches the recorder's registry,
-/// about 2% of a call's instructions (BENCHMARKS.md). Taken when an
+/// about 2% of a call's instructions (docs/performance-notes.md). Taken when an
 /// engine starts, from the recorder installed then (`serve` installs it
 /// first); an engine started before any recorder records nothing.
 pub(crate) struct Handles {

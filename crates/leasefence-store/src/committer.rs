@@ -17,8 +17,9 @@
 //! ([`IDLE_SPIN`]), yielding its CPU to any thread that wants it, before it
 //! sleeps. Waking a sleeping thread is dear, on a virtual machine most of
 //! all: its idle CPU is halted and must be woken by the host. On the 2-core
-//! machine of BENCHMARKS.md a 200 µs spin took one client from 1,372 to 1,599
-//! cycles/s and 64 from 11,678 to 13,214 (medians of 3 interleaved runs).
+//! machine of run K (docs/performance-notes.md) a 200 µs spin took one
+//! client from 1,372 to 1,599 cycles/s and 64 from 11,678 to 13,214
+//! (medians of 3 interleaved runs).
 //! The price is CPU: at most the spin once per commit, none while idle.
 //!
 //! A caller that waits for its commit *alone*, with commits lately quicker

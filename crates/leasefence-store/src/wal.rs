@@ -3,13 +3,14 @@
 //!
 //! A redb commit with `Durability::Immediate` copies every page it touches
 //! (here five or six, plus the header) and then syncs them: about 190 µs on
-//! the disk of BENCHMARKS.md, where one 4 KiB overwrite and its `fdatasync`
-//! take about 90 µs. So a batch is first appended here, as the records it
-//! produces, and synced; the tree takes the records later, many batches in one
-//! transaction ([`crate::EmbeddedStore`] calls that a checkpoint), off the
-//! answer's path. Written by hand because it is small and its rules are ours:
-//! the crates that offer a log bring their own checkpoint model and file
-//! layout, and the recovery rule below is the whole safety argument.
+//! the disk of runs F–J (docs/performance-notes.md), where one 4 KiB
+//! overwrite and its `fdatasync` take about 90 µs. So a batch is first
+//! appended here, as the records it produces, and synced; the tree takes the
+//! records later, many batches in one transaction ([`crate::EmbeddedStore`]
+//! calls that a checkpoint), off the answer's path. Written by hand because
+//! it is small and its rules are ours: the crates that offer a log bring
+//! their own checkpoint model and file layout, and the recovery rule below is
+//! the whole safety argument.
 //!
 //! The log is one file, zero-filled to [`LOG_BYTES`] when created so that a
 //! sync overwrites blocks that exist (appending to a growing file also syncs

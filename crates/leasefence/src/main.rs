@@ -37,8 +37,9 @@ use std::process::ExitCode;
 /// allocates 1 KiB or more (its boxed handler future, tonic's codec buffers),
 /// which makes glibc consolidate its fast bins: glibc's malloc and free were
 /// about 15% of a busy coordinator's CPU samples. Interleaved on the
-/// machine of BENCHMARKS.md, jemalloc gave 1.24× the cycles/s at one client,
-/// 1.20× at 16 and 1.08× at 64 (medians of six pairs), at about 10 B more
+/// machine of run M (docs/performance-notes.md), jemalloc gave 1.24× the
+/// cycles/s at one client, 1.20× at 16 and 1.08× at 64 (medians of six
+/// pairs), at about 10 B more
 /// per idle resource and a tenth more restart time at a million.
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
