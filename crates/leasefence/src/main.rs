@@ -39,8 +39,8 @@ use std::process::ExitCode;
 /// about 15% of a busy coordinator's CPU samples. Interleaved on the
 /// machine of run M (docs/performance-notes.md), jemalloc gave 1.24× the
 /// cycles/s at one client, 1.20× at 16 and 1.08× at 64 (medians of six
-/// pairs), at about 10 B more
-/// per idle resource and a tenth more restart time at a million.
+/// pairs), at about 10 B more per idle resource and a tenth more restart
+/// time at a million.
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
