@@ -303,14 +303,7 @@ fn sigterm_stops_a_tls_coordinator_with_connections_open() {
     std::io::Write::write_all(&mut plain, b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n").expect("write");
     std::thread::sleep(Duration::from_millis(100));
     let started = Instant::now();
-    let pid = served.child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .expect("kill")
-            .success()
-    );
+    common::sigterm(&served.child);
     let status = loop {
         if let Some(status) = served.child.try_wait().expect("wait") {
             break status;
