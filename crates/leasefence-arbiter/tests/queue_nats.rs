@@ -12,7 +12,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{self, AckPolicy, PullConsumer};
-use async_nats::jetstream::{self, Context, stream};
+use async_nats::jetstream::context::{CreateStreamError, CreateStreamErrorKind};
+use async_nats::jetstream::{self, Context, ErrorCode, stream};
 use futures_util::StreamExt;
 use leasefence_arbiter::queue::{DUPLICATE_METRIC, Settings, Tally, UNFENCED_METRIC};
 use leasefence_arbiter::{Fence, FenceKey, Token, nats};
@@ -55,7 +56,7 @@ impl Stream {
             subjects: vec![subject.clone()],
             ..Default::default()
         };
-        let stream = js.create_stream(config).await.expect("create stream");
+        let stream = create_stream(&js, config).await;
         let consumer = stream
             .create_consumer(consumer::pull::Config {
                 durable_name: Some(format!("worker_{id}")),
@@ -77,6 +78,36 @@ impl Stream {
     async fn cleanup(&self) {
         self.js.delete_stream(&self.name).await.expect("delete stream");
     }
+}
+
+/// Creates a stream, trying again while the server answers
+/// [`ErrorCode::STREAM_CREATE`] for a directory it removed under it.
+///
+/// nats-server (2.9 here) removes an account's `streams` directory, and the
+/// account's own, when its last stream is deleted. A stream created at that
+/// moment fails to make its directory inside them ("could not create storage
+/// directory ... no such file or directory" in the server's log), and the
+/// tests here create and delete streams side by side. Any other error, or
+/// this one [`CREATE_ATTEMPTS`] times in a row, fails the test.
+async fn create_stream(js: &Context, config: stream::Config) -> stream::Stream {
+    let mut attempt = 1;
+    loop {
+        match js.create_stream(config.clone()).await {
+            Ok(stream) => return stream,
+            Err(e) if attempt < CREATE_ATTEMPTS && is_store_race(&e) => {
+                tokio::time::sleep(Duration::from_millis(10 * u64::from(attempt))).await;
+                attempt += 1;
+            }
+            Err(e) => panic!("create stream {} (attempt {attempt}): {e:?}", config.name),
+        }
+    }
+}
+
+/// How many times [`create_stream`] tries before it fails the test.
+const CREATE_ATTEMPTS: u32 = 10;
+
+fn is_store_race(e: &CreateStreamError) -> bool {
+    matches!(e.kind(), CreateStreamErrorKind::JetStream(e) if e.error_code() == ErrorCode::STREAM_CREATE)
 }
 
 impl Broker for Stream {
@@ -146,6 +177,29 @@ async fn cleanup(fx: &Effects, stream: &Stream) {
 
 fn fence(fx: &Effects, token: u64) -> Fence {
     Fence::new(fx.resource(0), Token::new(token).expect("non-zero"))
+}
+
+/// The tests here run side by side, each creating its stream and deleting
+/// it when done; setting one up must not fail because another test has
+/// just deleted the last stream of the server. Two tasks churning 300
+/// streams each meet that moment a few times a run; without
+/// [`create_stream`]'s retry, two runs in three failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_is_set_up_while_other_tests_delete_theirs() {
+    let Some(url) = common::service_url(NATS_URL) else {
+        return;
+    };
+    let churn = (0..2).map(|_| {
+        let url = url.clone();
+        tokio::spawn(async move {
+            for _ in 0..300 {
+                Stream::new(&url).await.cleanup().await;
+            }
+        })
+    });
+    for task in churn.collect::<Vec<_>>() {
+        task.await.expect("every stream was set up and deleted");
+    }
 }
 
 #[tokio::test]
