@@ -1,6 +1,9 @@
 //! The `leasefence.v1` gRPC API: generated types, and the explicit mapping
 //! between core outcomes and gRPC statuses (shared by server and client, so
-//! both sides agree on what a refusal means).
+//! both sides agree on what a refusal means); and [`frame`], the lean binary
+//! protocol beside it, with the same refusals.
+
+pub mod frame;
 
 #[allow(clippy::all, clippy::pedantic)]
 pub mod v1 {
@@ -113,8 +116,8 @@ pub fn status_to_error(resource: &ResourceId, s: &Status) -> Option<LeaseError> 
 }
 
 /// Rebuilds an [`Invalid`] from its display form `invalid FIELD: what is allowed`.
-fn invalid_from_message(msg: &str) -> Invalid {
-    const FIELDS: [&str; 9] = [
+pub(crate) fn invalid_from_message(msg: &str) -> Invalid {
+    const FIELDS: [&str; 10] = [
         "resource",
         "holder",
         "ttl_ms",
@@ -124,6 +127,7 @@ fn invalid_from_message(msg: &str) -> Invalid {
         "body",
         "token",
         "mode",
+        "frame",
     ];
     let parsed = msg.strip_prefix("invalid ").and_then(|rest| rest.split_once(": "));
     match parsed.and_then(|(field, what)| FIELDS.iter().find(|f| **f == field).map(|f| (*f, what))) {
