@@ -30,6 +30,9 @@ pub struct ServerConfig {
     /// TLS on the port (and client certificates, with a client CA);
     /// `None` serves plaintext.
     pub tls: Option<crate::tls::Tls>,
+    /// Where the frame protocol (`leasefence://`, see [`crate::frames`]) is
+    /// served, with the same TLS and access control; `None`: not served.
+    pub frames_listen: Option<SocketAddr>,
 }
 
 impl ServerConfig {
@@ -51,6 +54,7 @@ impl ServerConfig {
             policy: None,
             limits: crate::auth::Limits::default(),
             tls: None,
+            frames_listen: None,
         }
     }
 }

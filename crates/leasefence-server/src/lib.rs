@@ -5,6 +5,7 @@
 //! - [`engine`]: the shared state, the one place that reads the clock, executes
 //!   the core's effects (persist, then answer), queues waiters and reaps expiries.
 //! - [`grpc`] and [`http`]: thin edges that validate wire input into core types;
+//!   [`frames`], the lean binary protocol for a cycle's calls, on a port of its own;
 //!   [`browse`] (listing, NDJSON watch) and [`ui`] (the status page, the OpenAPI
 //!   document) are the read-only HTTP views.
 //! - [`auth`] and [`quota`]: access control (who may do what) and limits.
@@ -22,6 +23,7 @@ pub mod config;
 mod edge;
 pub mod engine;
 mod error;
+pub mod frames;
 mod grpc;
 mod http;
 pub mod leadership;
@@ -72,6 +74,8 @@ const FATAL_DRAIN: std::time::Duration = std::time::Duration::from_secs(1);
 /// A bound coordinator, ready to serve.
 pub struct Server {
     listener: TcpListener,
+    /// The frame protocol's port, when it is served.
+    frames: Option<TcpListener>,
     node: Arc<Node>,
     mode: Mode,
     metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
@@ -104,6 +108,7 @@ impl Server {
         let committer = Committer::start_with(store, config.batch_max, config.commit_spin);
         let engine = Engine::start(config.lease.clone(), config.wait_max, committer, records);
         let listener = listen(&config).await?;
+        let frames = listen_frames(&config).await?;
         tracing::info!(resources = recovered, "store recovered");
         let node = Node::new(Role::Active {
             engine: engine.clone(),
@@ -114,6 +119,7 @@ impl Server {
         }
         Ok(Server {
             listener,
+            frames,
             node,
             mode: Mode::Single(engine),
             access: Arc::new(auth::Access::new(config.policy, config.limits)),
@@ -130,6 +136,7 @@ impl Server {
         ha: HaConfig,
     ) -> Result<Server, ServerError> {
         let listener = listen(&config).await?;
+        let frames = listen_frames(&config).await?;
         let node = Node::new(Role::Standby { leader: None });
         if let Some(key) = config.fence_key.clone() {
             node.sign_fences_with(key);
@@ -144,6 +151,7 @@ impl Server {
         let election = Box::pin(leadership::run(node.clone(), Arc::new(store), setup, ha, stopped));
         Ok(Server {
             listener,
+            frames,
             node,
             mode: Mode::Shared { election, stop },
             access: Arc::new(auth::Access::new(config.policy, config.limits)),
@@ -156,11 +164,17 @@ impl Server {
         self.listener.local_addr()
     }
 
+    /// Where the frame protocol is served, when it is.
+    pub fn frames_addr(&self) -> Option<std::io::Result<SocketAddr>> {
+        self.frames.as_ref().map(TcpListener::local_addr)
+    }
+
     pub fn node(&self) -> &Arc<Node> {
         &self.node
     }
 
-    /// Serves gRPC and HTTP/JSON on the bound port until `shutdown` completes.
+    /// Serves gRPC and HTTP/JSON on the bound port (and the frame protocol on
+    /// its own, when configured) until `shutdown` completes.
     /// On its own store, a failed commit stops it with [`ServerError::Fatal`]
     /// (crash-only, as after a failed fsync: nothing is guessed, the restart
     /// reloads what is on disk); on a shared store the coordinator steps down
@@ -173,7 +187,7 @@ impl Server {
         let grpc = grpc::service(self.node.clone(), self.access.clone());
         let connections_max = self.access.limits().connections_max;
         let app = EdgeService::new(
-            http::router(self.node.clone(), self.metrics, self.access),
+            http::router(self.node.clone(), self.metrics, self.access.clone()),
             connections_max,
         )
         .with_grpc(grpc);
@@ -185,8 +199,37 @@ impl Server {
                 }
             }
         }
+        // The frame port stops accepting, and its idle connections close,
+        // once the main port has stopped (after the engine, when it stops).
+        let (frames_stop, frames_stopped) = tokio::sync::watch::channel(false);
+        if let Some(frames) = self.frames {
+            if let Ok(addr) = frames.local_addr() {
+                tracing::info!(%addr, tls = self.tls.is_some(), "serving the frame protocol");
+            }
+            let serving = frames::serve(
+                frames,
+                self.node.clone(),
+                self.access.clone(),
+                self.tls.clone(),
+                frames_stopped,
+            );
+            tokio::spawn(serving);
+        }
         let listener = EdgeListener::new(self.listener, self.tls).map_err(ServerError::Serve)?;
-        match self.mode {
+        let result = self.mode.serve(listener, app, shutdown).await;
+        frames_stop.send_replace(true);
+        result
+    }
+}
+
+impl Mode {
+    async fn serve(
+        self,
+        listener: EdgeListener,
+        app: EdgeService,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServerError> {
+        match self {
             Mode::Single(engine) => run_single(listener, app, engine, shutdown).await,
             Mode::Shared { election, stop } => {
                 let election = tokio::spawn(election);
@@ -203,6 +246,16 @@ impl Server {
             }
         }
     }
+}
+
+async fn listen_frames(config: &ServerConfig) -> Result<Option<TcpListener>, ServerError> {
+    let Some(addr) = config.frames_listen else {
+        return Ok(None);
+    };
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServerError::Bind { addr, source })?;
+    Ok(Some(listener))
 }
 
 async fn listen(config: &ServerConfig) -> Result<TcpListener, ServerError> {

@@ -117,6 +117,11 @@ pub struct ServeArgs {
     /// Address for gRPC and HTTP/JSON.
     #[arg(long, default_value = leasefence_server::ServerConfig::DEFAULT_LISTEN, env = "LEASEFENCE_LISTEN")]
     pub listen: SocketAddr,
+    /// Also serve the frame protocol (`leasefence://`, a lean binary wire for
+    /// acquire, renew, release and status; see docs/frames.md) on this
+    /// address, with the same TLS, access control and protected mode.
+    #[arg(long, env = "LEASEFENCE_FRAMES_LISTEN", value_name = "ADDR")]
+    pub frames_listen: Option<SocketAddr>,
     /// Directory of the embedded store (created if missing).
     #[arg(long, default_value = leasefence_server::ServerConfig::DEFAULT_DATA_DIR, env = "LEASEFENCE_DATA_DIR")]
     pub data_dir: PathBuf,

@@ -20,7 +20,10 @@ use crate::{CmdResult, Failure};
 
 pub async fn run(a: ServeArgs) -> CmdResult {
     let policy = a.auth.as_deref().map(crate::auth_cmd::load_policy).transpose()?;
-    protected_mode(a.listen, a.insecure, policy.is_some())?;
+    protected_mode("--listen", a.listen, a.insecure, policy.is_some())?;
+    if let Some(frames) = a.frames_listen {
+        protected_mode("--frames-listen", frames, a.insecure, policy.is_some())?;
+    }
     let lease = leasefence_core::Config::new(a.ttl_min, a.ttl_max, a.waiters_max)
         .map_err(Failure::invalid)?
         .with_lock_delay_max(a.lock_delay_max);
@@ -46,6 +49,7 @@ pub async fn run(a: ServeArgs) -> CmdResult {
         connections_max: a.connections_max,
     };
     config.tls = tls(&a)?;
+    config.frames_listen = a.frames_listen;
     let (server, at) = match &a.store {
         None => {
             let at = format!("data dir {}", config.data_dir.display());
@@ -63,6 +67,14 @@ pub async fn run(a: ServeArgs) -> CmdResult {
     // One line on stdout, so scripts (and tests) learn the bound port when --listen used port 0.
     let tls = if a.tls_cert.is_some() { ", TLS" } else { "" };
     println!("leasefence listening on {} ({at}{tls})", server.local_addr()?);
+    if let Some(frames) = server.frames_addr() {
+        let scheme = if a.tls_cert.is_some() {
+            "leasefences"
+        } else {
+            "leasefence"
+        };
+        println!("leasefence frames on {scheme}://{}", frames?);
+    }
     match server.run(shutdown).await {
         Ok(()) => {
             tracing::info!("stopped");
@@ -73,9 +85,9 @@ pub async fn run(a: ServeArgs) -> CmdResult {
     }
 }
 
-/// Refuses a non-loopback `--listen` without access control unless
-/// `--insecure`; warns when it is.
-fn protected_mode(listen: SocketAddr, insecure: bool, auth: bool) -> Result<(), Failure> {
+/// Refuses a non-loopback `--listen` (or `--frames-listen`, named by `flag`)
+/// without access control unless `--insecure`; warns when it is.
+fn protected_mode(flag: &str, listen: SocketAddr, insecure: bool, auth: bool) -> Result<(), Failure> {
     if listen.ip().is_loopback() || auth {
         return Ok(());
     }
@@ -88,7 +100,7 @@ fn protected_mode(listen: SocketAddr, insecure: bool, auth: bool) -> Result<(), 
         return Ok(());
     }
     Err(Failure::invalid(format!(
-        "--listen {listen} is not a loopback address, and this coordinator has no access control: \
+        "{flag} {listen} is not a loopback address, and this coordinator has no access control: \
          anyone who reaches the port could take, release or watch any lease. Give --auth FILE (access \
          control, see docs/security.md), listen on 127.0.0.1 or [::1] (the default is {}), or pass \
          --insecure to serve this address without access control",

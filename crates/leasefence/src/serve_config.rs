@@ -23,6 +23,7 @@ use crate::cli::{LogFormat, ServeArgs, parse_commit_spin, parse_duration};
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct ServeFile {
     listen: Option<String>,
+    frames_listen: Option<String>,
     data_dir: Option<String>,
     log_format: Option<String>,
     ttl_min: Option<String>,
@@ -64,6 +65,15 @@ pub fn apply(a: &mut ServeArgs, m: &ArgMatches) -> Result<(), Failure> {
                 format!("{v:?} is not an address:port like \"127.0.0.1:7740\""),
             )
         })?;
+    }
+    if let (Some(v), true) = (&file.frames_listen, unset("frames_listen")) {
+        let addr = v.parse().map_err(|_| {
+            bad(
+                "frames-listen",
+                format!("{v:?} is not an address:port like \"127.0.0.1:7741\""),
+            )
+        })?;
+        a.frames_listen = Some(addr);
     }
     if let (Some(v), true) = (&file.data_dir, unset("data_dir")) {
         a.data_dir = v.into();
@@ -184,11 +194,16 @@ mod tests {
     fn the_file_fills_what_the_command_line_left_at_its_default() {
         let a = serve(
             "listen = \"127.0.0.1:7999\"\ndata-dir = \"/var/lib/lf\"\nttl-max = \"2s\"\nwaiters-max = 7\n\
-             log-format = \"json\"\nstore = \"postgres://db/lf\"\nleader-ttl = \"3s\"\ninsecure = true\n",
+             log-format = \"json\"\nstore = \"postgres://db/lf\"\nleader-ttl = \"3s\"\ninsecure = true\n\
+             frames-listen = \"127.0.0.1:7998\"\n",
             &[],
         )
         .expect("valid");
         assert_eq!(a.listen.to_string(), "127.0.0.1:7999");
+        assert_eq!(
+            a.frames_listen.map(|f| f.to_string()).as_deref(),
+            Some("127.0.0.1:7998")
+        );
         assert_eq!(a.data_dir.to_str(), Some("/var/lib/lf"));
         assert_eq!(a.ttl_max, Duration::from_secs(2));
         assert_eq!(a.waiters_max, 7);
@@ -254,6 +269,7 @@ mod tests {
             ("ttl-max = \"soon\"\n", "ttl-max"),
             ("ttl-max = 5\n", "ttl-max"),
             ("listen = \"localhost\"\n", "listen"),
+            ("frames-listen = \"localhost\"\n", "frames-listen"),
             ("log-format = \"xml\"\n", "log-format"),
             ("waiters-max = -1\n", "waiters-max"),
             ("insecure = \"yes\"\n", "insecure"),

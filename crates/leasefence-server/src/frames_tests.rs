@@ -1,0 +1,272 @@
+//! The frame edge on a real coordinator, spoken to in raw frames: a whole
+//! cycle, the refusals (typed as on the other edges), bad frames and what
+//! they cost the connection, the hello rules and access control.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use leasefence_core::LeaseId;
+use leasefence_core::access::{Policy, PrincipalSpec, RuleSpec, hash_token};
+use leasefence_proto::frame::{self, Request, Response};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::{Server, ServerConfig};
+
+/// A coordinator serving frames on a loopback port (with `policy`, if any).
+async fn serve(policy: Option<Policy>) -> (SocketAddr, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = ServerConfig::new("127.0.0.1:0".parse().expect("addr"), dir.path().to_path_buf());
+    config.frames_listen = Some("127.0.0.1:0".parse().expect("addr"));
+    config.policy = policy;
+    let server = Server::bind(config).await.expect("bind");
+    let addr = server.frames_addr().expect("frames configured").expect("bound");
+    tokio::spawn(server.run(std::future::pending()));
+    (addr, dir)
+}
+
+struct Conn {
+    tcp: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Conn {
+    async fn open(addr: SocketAddr) -> Conn {
+        Conn {
+            tcp: TcpStream::connect(addr).await.expect("connect"),
+            buf: Vec::new(),
+        }
+    }
+
+    /// Opens and says hello with `token`; the answer to the hello.
+    async fn hello(addr: SocketAddr, token: Option<&str>) -> (Conn, Response) {
+        let mut c = Conn::open(addr).await;
+        let answer = c
+            .call(&Request::Hello {
+                version: frame::VERSION,
+                token: token.map(str::to_string),
+            })
+            .await;
+        (c, answer)
+    }
+
+    async fn welcomed(addr: SocketAddr) -> Conn {
+        let (c, answer) = Conn::hello(addr, None).await;
+        assert_eq!(
+            answer,
+            Response::Welcome {
+                version: frame::VERSION
+            }
+        );
+        c
+    }
+
+    async fn send_raw(&mut self, bytes: &[u8]) {
+        self.tcp.write_all(bytes).await.expect("write");
+    }
+
+    async fn answer(&mut self) -> Response {
+        let read = tokio::time::timeout(Duration::from_secs(5), frame::read_frame(&mut self.tcp, &mut self.buf));
+        assert!(read.await.expect("answered in time").expect("readable"), "closed");
+        frame::decode_response(&self.buf).expect("a valid answer")
+    }
+
+    async fn call(&mut self, r: &Request) -> Response {
+        let mut out = Vec::new();
+        frame::encode_request(r, &mut out);
+        self.send_raw(&out).await;
+        self.answer().await
+    }
+
+    /// Whether the coordinator closed the connection (reads EOF in time).
+    async fn closed(&mut self) -> bool {
+        let mut b = [0u8; 1];
+        matches!(
+            tokio::time::timeout(Duration::from_secs(5), self.tcp.read(&mut b)).await,
+            Ok(Ok(0) | Err(_))
+        )
+    }
+}
+
+fn acquire(resource: &str) -> Request {
+    Request::Acquire {
+        resource: resource.into(),
+        holder: "w1".into(),
+        ttl_ms: 10_000,
+        wait_ms: 0,
+        lock_delay_ms: 0,
+    }
+}
+
+fn refusal_kind(r: &Response) -> &str {
+    match r {
+        Response::Refused(r) => &r.kind,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_cycle_over_frames_hands_out_increasing_tokens_and_typed_refusals() {
+    let (addr, _dir) = serve(None).await;
+    let mut c = Conn::welcomed(addr).await;
+    let Response::Lease { token, lease_id, .. } = c.call(&acquire("jobs/1")).await else {
+        panic!("granted")
+    };
+    assert_eq!(token, 1);
+    let Response::Refused(busy) = c.call(&acquire("jobs/1")).await else {
+        panic!("busy")
+    };
+    assert_eq!(busy.kind, "busy");
+    let details = busy.busy.expect("busy details");
+    assert_eq!((details.holder.as_str(), details.token), ("w1", 1));
+    let Response::Status { last_token, held, .. } = c
+        .call(&Request::Status {
+            resource: "jobs/1".into(),
+        })
+        .await
+    else {
+        panic!("status")
+    };
+    assert_eq!((last_token, held.map(|h| h.token)), (1, Some(1)));
+    let renewed = c
+        .call(&Request::Renew {
+            resource: "jobs/1".into(),
+            lease_id,
+        })
+        .await;
+    assert!(matches!(renewed, Response::Lease { token: 1, .. }), "{renewed:?}");
+    let stranger = LeaseId::from_bytes([7; 16]);
+    let lost = c
+        .call(&Request::Release {
+            resource: "jobs/1".into(),
+            lease_id: stranger,
+        })
+        .await;
+    assert_eq!(refusal_kind(&lost), "lease_lost");
+    let released = c
+        .call(&Request::Release {
+            resource: "jobs/1".into(),
+            lease_id,
+        })
+        .await;
+    assert_eq!(released, Response::Released { token: 1 });
+    let again = c.call(&acquire("jobs/1")).await;
+    assert!(matches!(again, Response::Lease { token: 2, .. }), "{again:?}");
+}
+
+#[tokio::test]
+async fn invalid_fields_are_refused_by_name_and_the_connection_goes_on() {
+    let (addr, _dir) = serve(None).await;
+    let mut c = Conn::welcomed(addr).await;
+    let Response::Refused(r) = c.call(&acquire("")).await else {
+        panic!("refused")
+    };
+    assert_eq!(r.kind, "invalid");
+    assert!(r.message.starts_with("invalid resource"), "{}", r.message);
+    let mut short_ttl = acquire("a");
+    if let Request::Acquire { ttl_ms, .. } = &mut short_ttl {
+        *ttl_ms = 1;
+    }
+    let Response::Refused(r) = c.call(&short_ttl).await else {
+        panic!("refused")
+    };
+    assert!(r.message.starts_with("invalid ttl_ms"), "{}", r.message);
+    // An unknown frame type, well framed: refused, and the stream is still in step.
+    c.send_raw(&[0, 0, 0, 2, 0x7f, 0]).await;
+    let Response::Refused(r) = c.answer().await else {
+        panic!("refused")
+    };
+    assert_eq!(r.message, "invalid frame: unknown frame type 0x7f");
+    // A second Hello is refused too.
+    let again = c
+        .call(&Request::Hello {
+            version: frame::VERSION,
+            token: None,
+        })
+        .await;
+    assert_eq!(refusal_kind(&again), "invalid");
+    assert!(matches!(c.call(&acquire("a")).await, Response::Lease { token: 1, .. }));
+}
+
+#[tokio::test]
+async fn a_frame_length_out_of_bounds_is_answered_then_the_connection_closes() {
+    let (addr, _dir) = serve(None).await;
+    let mut c = Conn::welcomed(addr).await;
+    c.send_raw(&[0x7f, 0xff, 0xff, 0xff]).await;
+    let Response::Refused(r) = c.answer().await else {
+        panic!("refused")
+    };
+    assert_eq!(r.kind, "invalid");
+    assert!(r.message.contains("frame length 2147483647"), "{}", r.message);
+    assert!(c.closed().await);
+}
+
+#[tokio::test]
+async fn a_connection_must_start_with_a_hello_of_this_version() {
+    let (addr, _dir) = serve(None).await;
+    let mut c = Conn::open(addr).await;
+    let first = c.call(&acquire("a")).await;
+    assert_eq!(refusal_kind(&first), "invalid");
+    assert!(c.closed().await);
+
+    let mut c = Conn::open(addr).await;
+    let Response::Refused(r) = c
+        .call(&Request::Hello {
+            version: 9,
+            token: None,
+        })
+        .await
+    else {
+        panic!("refused")
+    };
+    assert!(r.message.contains("protocol version 9"), "{}", r.message);
+    assert!(c.closed().await);
+
+    // An HTTP client on the frame port gets a refusal, not a hang.
+    let mut c = Conn::open(addr).await;
+    c.send_raw(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n").await;
+    assert_eq!(refusal_kind(&c.answer().await), "invalid");
+    assert!(c.closed().await);
+}
+
+fn policy() -> Policy {
+    Policy::new(&[PrincipalSpec {
+        name: "alice".into(),
+        token_sha256: Some(hash_token("tok-alice")),
+        cert_names: vec![],
+        rules: vec![RuleSpec {
+            prefix: "jobs/".into(),
+            verbs: vec!["acquire".into(), "read".into()],
+        }],
+    }])
+    .expect("valid policy")
+}
+
+#[tokio::test]
+async fn access_control_identifies_the_connection_by_its_hello() {
+    let (addr, _dir) = serve(Some(policy())).await;
+    let (mut c, answer) = Conn::hello(addr, None).await;
+    assert_eq!(refusal_kind(&answer), "unauthenticated");
+    assert!(c.closed().await);
+    let (mut c, answer) = Conn::hello(addr, Some("tok-mallory")).await;
+    assert_eq!(refusal_kind(&answer), "unauthenticated");
+    assert!(c.closed().await);
+
+    let (mut c, answer) = Conn::hello(addr, Some("tok-alice")).await;
+    assert_eq!(
+        answer,
+        Response::Welcome {
+            version: frame::VERSION
+        }
+    );
+    let Response::Lease { holder, .. } = c.call(&acquire("jobs/1")).await else {
+        panic!("alice may acquire jobs/")
+    };
+    // Recorded under the principal, as on the other edges.
+    assert_eq!(holder, "alice/w1");
+    let Response::Refused(r) = c.call(&acquire("other/1")).await else {
+        panic!("refused")
+    };
+    assert_eq!(r.kind, "permission_denied");
+    assert!(r.message.contains("other/1"), "{}", r.message);
+}
