@@ -25,6 +25,9 @@
 //!   certificate for mutual TLS), set with [`ClientOptions::with_tls`]. A
 //!   plaintext client on a TLS port, or a TLS client on a plaintext one,
 //!   fails at once with a [`ClientError::Transport`] saying which.
+//! - The frame protocol ([`FrameClient`], `leasefence://HOST:PORT`): the
+//!   same one-call methods over the coordinator's lean binary port, for
+//!   many short cycles at the least transport cost per call.
 //! - Leader election ([`election`]): [`Client::campaign`] blocks until this
 //!   client leads a name and returns a [`Leader`] whose term is its fencing
 //!   token; [`Client::observe`] streams [`LeaderChange`]s.
@@ -91,6 +94,7 @@ pub mod clock;
 mod coordinators;
 mod deadline;
 pub mod election;
+pub mod frames;
 mod keepalive;
 mod options;
 mod retry;
@@ -102,6 +106,7 @@ pub use clock::{Clock, ClockSource, Stamp, SystemClock, TokioClock};
 pub use coordinators::{COORDINATORS_MAX, META_LEADER, NOT_LEADER_PREFIX, URL_LEN_MAX, check_coordinator_url};
 pub use deadline::{DEFAULT_MARGIN_FLOOR, MARGIN_MIN, default_margin};
 pub use election::{CAMPAIGN_WAIT_DEFAULT, Leader, LeaderChange, LeaderChanges};
+pub use frames::FrameClient;
 pub use options::{
     CALL_TIMEOUT_DEFAULT, CONNECT_TIMEOUT_DEFAULT, ClientOptions, Credentials, KEEP_ALIVE_INTERVAL_DEFAULT,
     KEEP_ALIVE_TIMEOUT_DEFAULT,

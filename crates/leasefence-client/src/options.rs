@@ -198,6 +198,13 @@ impl std::fmt::Debug for Credentials {
     }
 }
 
+impl Credentials {
+    /// The bearer token, for transports other than gRPC's interceptor.
+    pub(crate) fn token(&self) -> Option<&str> {
+        self.token.as_deref()
+    }
+}
+
 impl tonic::service::Interceptor for Credentials {
     fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
         if let Some(token) = &self.token {

@@ -8,6 +8,7 @@
 
 use std::error::Error;
 use std::fmt;
+use std::sync::Arc;
 
 use leasefence_core::Invalid;
 use rustls::pki_types::pem::PemObject;
@@ -84,6 +85,43 @@ impl ClientTls {
             config = config.identity(Identity::from_pem(cert, key));
         }
         config
+    }
+}
+
+impl ClientTls {
+    /// A rustls configuration for these settings (the frame protocol's TLS):
+    /// the given CA, else the system's roots; the client certificate, if any.
+    pub(crate) fn rustls_config(&self) -> Result<rustls::ClientConfig, Invalid> {
+        let mut roots = rustls::RootCertStore::empty();
+        match &self.ca {
+            Some(pem) => {
+                for cert in certificates("ca", pem)? {
+                    roots
+                        .add(cert)
+                        .map_err(|e| Invalid::new("ca", format!("cannot be trusted: {e}")))?;
+                }
+            }
+            None => {
+                // Unreadable system certificates are skipped, as tonic's native roots do.
+                roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+            }
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| Invalid::new("tls", e.to_string()))?
+            .with_root_certificates(roots);
+        match &self.identity {
+            None => Ok(builder.with_no_client_auth()),
+            Some((cert, key)) => {
+                let chain = certificates("cert", cert)?;
+                let key = PrivateKeyDer::from_pem_slice(key)
+                    .map_err(|e| Invalid::new("key", format!("holds no usable PEM private key ({e})")))?;
+                builder
+                    .with_client_auth_cert(chain, key)
+                    .map_err(|e| Invalid::new("key", format!("cannot be used: {e}")))
+            }
+        }
     }
 }
 

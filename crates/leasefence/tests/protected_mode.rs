@@ -112,3 +112,63 @@ fn loopback_needs_no_flag() {
         assert!(!err.contains("--insecure"), "{listen}: no warning: {err}");
     }
 }
+
+#[test]
+fn a_non_loopback_frame_port_without_access_control_is_refused_too() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().to_str().expect("utf-8 path");
+    let (code, out, err) = serve_exits(&["--frames-listen", "0.0.0.0:0", "--data-dir", data]);
+    assert_eq!(code, 2, "refused as invalid input; stderr: {err}");
+    assert!(!out.contains("listening"), "it did not start: {out}");
+    assert!(
+        err.contains("--frames-listen 0.0.0.0:0") && err.contains("loopback") && err.contains("--insecure"),
+        "the message names the flag, the address, the rule and the way out: {err}"
+    );
+}
+
+#[test]
+fn serve_announces_its_frame_port_and_answers_on_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut child = Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--frames-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .env("LEASEFENCE_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn serve");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let first = lines.next().expect("a line").expect("read");
+    let second = lines.next().expect("a second line").expect("read");
+    assert!(first.starts_with("leasefence listening on 127.0.0.1:"), "{first}");
+    let url = second
+        .strip_prefix("leasefence frames on ")
+        .unwrap_or_else(|| panic!("the frame port's line: {second:?}"))
+        .to_string();
+    assert!(url.starts_with("leasefence://127.0.0.1:"), "{url}");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let token = runtime.block_on(async {
+        let client = leasefence_client::FrameClient::connect(&url, leasefence_client::ClientOptions::default())
+            .await
+            .expect("connect to the announced frame port");
+        let r = leasefence_core::ResourceId::new("cli/frames").expect("resource");
+        let lease = client
+            .acquire(&r, Duration::from_secs(5), None, Duration::ZERO)
+            .await
+            .expect("granted");
+        client.release(&r, &lease.lease_id).await.expect("released")
+    });
+    assert_eq!(token.get(), 1);
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -43,8 +43,14 @@ use workers::{Endpoints, POLL, Worker};
 pub struct BenchArgs {
     /// Coordinators to measure, comma-separated as for the other commands
     /// (default: start one in-process on a temporary store).
-    #[arg(long, value_delimiter = ',', value_parser = crate::cli::parse_server, value_name = "URL,...")]
+    /// A frame port's `leasefence(s)://` URL measures over the frame protocol.
+    #[arg(long, value_delimiter = ',', value_parser = parse_bench_server, value_name = "URL,...")]
     pub server: Option<Vec<String>>,
+    /// The wire leasefence and noop are measured over: gRPC, or the frame
+    /// protocol (`leasefence://`, see docs/frames.md). Default: the
+    /// `--server` URL's, else gRPC.
+    #[arg(long, value_enum)]
+    pub transport: Option<Transport>,
     /// Bearer token for a `--server` with access control (as for the other commands).
     #[arg(long, env = "LEASEFENCE_AUTH_TOKEN", hide_env_values = true, value_name = "TOKEN")]
     pub token: Option<String>,
@@ -84,6 +90,21 @@ pub struct BenchArgs {
     pub idle: Vec<u64>,
 }
 
+/// The wire of the leasefence and noop targets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Transport {
+    Grpc,
+    Frames,
+}
+
+/// A `--server` entry: a coordinator URL, or one frame port's `leasefence(s)://` URL.
+fn parse_bench_server(s: &str) -> Result<String, String> {
+    if s.trim().starts_with("leasefence") {
+        return Ok(s.trim().to_string());
+    }
+    crate::cli::parse_server(s)
+}
+
 /// What a run measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
 pub enum Target {
@@ -116,9 +137,15 @@ pub async fn run(a: BenchArgs) -> CmdResult {
     let (server, stop) = match &a.server {
         Some(urls) => (urls.clone(), None),
         None => {
-            let config = ServerConfig::new("127.0.0.1:0".parse()?, dir.path().to_path_buf());
+            let mut config = ServerConfig::new("127.0.0.1:0".parse()?, dir.path().to_path_buf());
+            if plan.transport == Transport::Frames {
+                config.frames_listen = Some("127.0.0.1:0".parse()?);
+            }
             let server = Server::bind(config).await?;
-            let url = format!("http://{}", server.local_addr()?);
+            let url = match server.frames_addr() {
+                Some(frames) => format!("leasefence://{}", frames?),
+                None => format!("http://{}", server.local_addr()?),
+            };
             let (tx, rx) = tokio::sync::oneshot::channel::<()>();
             tokio::spawn(server.run(async {
                 let _ = rx.await;
@@ -132,11 +159,12 @@ pub async fn run(a: BenchArgs) -> CmdResult {
         tls: a.tls.read()?,
         redis: plan.redis.clone(),
         etcd: plan.etcd.clone(),
+        frames: plan.transport == Transport::Frames,
     };
     let segments = u64::from(plan.rounds) * (plan.clients.len() * plan.targets.len()) as u64;
     let progress = Progress::new(segments, a.json);
     progress.line(&format!(
-        "acquire+release cycles: {} at {} clients, {} each, {} interleaved round(s), {}",
+        "acquire+release cycles: {} at {} clients, {} each, {} interleaved round(s), {}, leasefence over {}",
         plan.targets.iter().map(|t| t.name()).collect::<Vec<_>>().join(" / "),
         plan.clients
             .iter()
@@ -148,6 +176,10 @@ pub async fn run(a: BenchArgs) -> CmdResult {
         match plan.resources {
             0 => "each client its own resource".to_string(),
             k => format!("clients sharing {k} resources"),
+        },
+        match plan.transport {
+            Transport::Grpc => "gRPC",
+            Transport::Frames => "frames",
         }
     ));
     // Every target answers one cycle before any is measured: a peer that is

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{BenchArgs, Target};
+use super::{BenchArgs, Target, Transport};
 
 const CLIENTS_MAX: usize = 1024;
 pub const ETCD_FEATURE: &str = "--compare etcd needs a leasefence built with the etcd client: \
@@ -22,6 +22,7 @@ pub struct Plan {
     pub etcd: String,
     /// `--idle`: the scale measurement's resource counts (empty: the comparison).
     pub idle: Vec<u64>,
+    pub transport: Transport,
 }
 
 impl Plan {
@@ -65,6 +66,7 @@ impl Plan {
         if let Some(n) = first_repeat(&a.idle) {
             return Err(format!("--idle names {n} twice"));
         }
+        let transport = transport(a)?;
         let mut targets = vec![Target::Leasefence];
         targets.extend(&a.compare);
         Ok(Plan {
@@ -76,7 +78,37 @@ impl Plan {
             redis,
             etcd,
             idle: a.idle.clone(),
+            transport,
         })
+    }
+}
+
+/// `--transport`, or the one the `--server` URLs imply; they must agree.
+fn transport(a: &BenchArgs) -> Result<Transport, String> {
+    let servers = a.server.as_deref().unwrap_or_default();
+    let frames = servers.iter().filter(|u| u.starts_with("leasefence")).count();
+    let implied = match (frames, servers.len()) {
+        (0, _) => None,
+        (1, 1) => Some(Transport::Frames),
+        _ => {
+            return Err("--server: a frame port is measured alone: give one leasefence:// or \
+                        leasefences:// URL, or http(s):// coordinator URLs"
+                .into());
+        }
+    };
+    match (a.transport, implied) {
+        (Some(Transport::Frames), None) if !servers.is_empty() => {
+            Err("--transport frames with --server needs the coordinator's frame port: \
+             --server leasefence://HOST:PORT (its serve --frames-listen)"
+                .into())
+        }
+        (Some(Transport::Grpc), Some(_)) => Err(
+            "--transport grpc: --server names a frame port (leasefence://); give the coordinator's http(s):// URL"
+                .into(),
+        ),
+        (Some(t), _) => Ok(t),
+        (None, Some(t)) => Ok(t),
+        (None, None) => Ok(Transport::Grpc),
     }
 }
 

@@ -144,6 +144,7 @@ async fn round(url: &str, duration: Duration) -> anyhow::Result<Histogram<u64>> 
         etcd: String::new(),
         token: None,
         tls: None,
+        frames: false,
     };
     let mut w = Worker::connect(Target::Leasefence, &ep, 0, false, duration).await?;
     let key = format!("hot/{}", std::process::id());

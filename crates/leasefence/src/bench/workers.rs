@@ -4,6 +4,8 @@
 //! - leasefence: `Acquire` (with a wait when resources are shared) + `Release`.
 //! - noop: two `Get`s, the cheapest unary call of our own server, on the same
 //!   client and transport: the ceiling a two-call cycle can reach.
+//! - With `--transport frames`, leasefence and noop make the same calls over
+//!   the frame protocol ([`FrameClient`]).
 //! - Redis: `SET key value NX PX ttl` + a Lua compare-and-delete (`EVALSHA`).
 //! - etcd: see [`super::etcd`].
 //!
@@ -13,7 +15,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use leasefence_client::Client;
+use leasefence_client::{Client, FrameClient};
 use leasefence_core::ResourceId;
 
 use super::Target;
@@ -40,6 +42,8 @@ pub struct Endpoints {
     /// host:port; read only by a build with the `etcd` feature.
     #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
     pub etcd: String,
+    /// leasefence and noop over the frame protocol (`server` is then one `leasefence(s)://` URL).
+    pub frames: bool,
 }
 
 /// One benchmark client, connected.
@@ -50,6 +54,13 @@ pub enum Worker {
     },
     Noop {
         client: Client,
+    },
+    Frames {
+        client: FrameClient,
+        wait: Duration,
+    },
+    FramesNoop {
+        client: FrameClient,
     },
     Redis {
         con: redis::aio::MultiplexedConnection,
@@ -80,6 +91,16 @@ impl Worker {
                 }
                 if let Some(tls) = &ep.tls {
                     options = options.with_tls(tls.clone());
+                }
+                if ep.frames {
+                    let url = ep.server.first().map_or("", String::as_str);
+                    let client = FrameClient::connect(url, options)
+                        .await
+                        .with_context(|| format!("cannot reach the coordinator's frame port at {url}"))?;
+                    return Ok(match target {
+                        Target::Noop => Worker::FramesNoop { client },
+                        _ => Worker::Frames { client, wait },
+                    });
                 }
                 let client = Client::connect_any_with(&ep.server, options)
                     .await
@@ -122,6 +143,16 @@ impl Worker {
                 client.release(&resource, &lease.lease_id).await?;
             }
             Worker::Noop { client } => {
+                let resource = ResourceId::new(key).map_err(|e| anyhow::anyhow!("{e}"))?;
+                client.status(&resource).await?;
+                client.status(&resource).await?;
+            }
+            Worker::Frames { client, wait } => {
+                let resource = ResourceId::new(key).map_err(|e| anyhow::anyhow!("{e}"))?;
+                let lease = client.acquire(&resource, TTL, None, *wait).await?;
+                client.release(&resource, &lease.lease_id).await?;
+            }
+            Worker::FramesNoop { client } => {
                 let resource = ResourceId::new(key).map_err(|e| anyhow::anyhow!("{e}"))?;
                 client.status(&resource).await?;
                 client.status(&resource).await?;
