@@ -79,6 +79,7 @@ fn compares_with_redis_and_noop_in_one_json_object() {
         "1",
     ]);
     check(&v, &["leasefence", "redis", "noop"], &[1, 2]);
+    assert_eq!(v["transport"], "grpc", "{v}");
 }
 
 #[test]
@@ -125,6 +126,29 @@ fn compares_with_etcd_when_built_with_it() {
         "2",
     ]);
     check(&v, &["leasefence", "etcd"], &[1, 2]);
+}
+
+#[test]
+fn measures_leasefence_and_noop_over_the_frame_protocol() {
+    // No --server: the coordinator in the bench process serves its frame port.
+    let (code, out, err) = cli(&[
+        "bench",
+        "--transport",
+        "frames",
+        "--compare",
+        "noop",
+        "--clients",
+        "1,4",
+        "--duration",
+        "300ms",
+        "--rounds",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "bench failed: {out}\n{err}");
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"));
+    assert_eq!(v["transport"], "frames", "{v}");
+    check(&v, &["leasefence", "noop"], &[1, 4]);
 }
 
 #[test]

@@ -97,6 +97,15 @@ pub enum Transport {
     Frames,
 }
 
+impl Transport {
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Grpc => "grpc",
+            Transport::Frames => "frames",
+        }
+    }
+}
+
 /// A `--server` entry: a coordinator URL, or one frame port's `leasefence(s)://` URL.
 fn parse_bench_server(s: &str) -> Result<String, String> {
     if s.trim().starts_with("leasefence") {
@@ -177,10 +186,7 @@ pub async fn run(a: BenchArgs) -> CmdResult {
             0 => "each client its own resource".to_string(),
             k => format!("clients sharing {k} resources"),
         },
-        match plan.transport {
-            Transport::Grpc => "gRPC",
-            Transport::Frames => "frames",
-        }
+        plan.transport.name()
     ));
     // Every target answers one cycle before any is measured: a peer that is
     // down fails in a second, not after minutes of the others' rounds.
@@ -203,7 +209,10 @@ pub async fn run(a: BenchArgs) -> CmdResult {
     progress.finish();
     let report = samples.report();
     if a.json {
-        println!("{}", serde_json::to_string(&report)?);
+        // The wire leasefence and noop were measured over, beside the figures.
+        let mut json = serde_json::to_value(&report)?;
+        json["transport"] = serde_json::Value::from(plan.transport.name());
+        println!("{json}");
     } else {
         print!("\n{}", report.table(plan.rounds));
     }

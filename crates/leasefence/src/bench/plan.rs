@@ -187,6 +187,35 @@ mod tests {
     }
 
     #[test]
+    fn the_transport_is_the_flags_or_the_one_the_server_url_implies() {
+        assert_eq!(plan(&[]).unwrap().transport, Transport::Grpc);
+        assert_eq!(plan(&["--transport", "frames"]).unwrap().transport, Transport::Frames);
+        let frames = plan(&["--server", "leasefence://127.0.0.1:7741"]).unwrap();
+        assert_eq!(frames.transport, Transport::Frames);
+        let grpc = plan(&["--server", "http://127.0.0.1:7740", "--transport", "grpc"]).unwrap();
+        assert_eq!(grpc.transport, Transport::Grpc);
+        let cases: &[(&[&str], &str)] = &[
+            (
+                &["--server", "http://127.0.0.1:7740", "--transport", "frames"],
+                "--server leasefence://",
+            ),
+            (
+                &["--server", "leasefence://127.0.0.1:7741", "--transport", "grpc"],
+                "names a frame port",
+            ),
+            (
+                &["--server", "leasefence://127.0.0.1:7741,http://127.0.0.1:7740"],
+                "a frame port is measured alone",
+            ),
+            (&["--transport", "quic"], "possible values: grpc, frames"),
+        ];
+        for (args, want) in cases {
+            let e = plan(args).expect_err(&format!("{args:?}"));
+            assert!(e.contains(want), "{args:?}: {e}");
+        }
+    }
+
+    #[test]
     fn bad_flags_say_what_is_allowed() {
         let cases: &[(&[&str], &str)] = &[
             (&["--clients", "0"], "1..=1024"),
