@@ -5,9 +5,15 @@
 //!
 //! Answers and refusals are the same values as [`crate::Client`]'s. What it
 //! does not do (use [`crate::Client`] for these): keep-alive sessions,
-//! watches, elections, force-release, and following a standby's leader
-//! hint — a standby's refusal comes back as [`ClientError::Transport`]
-//! naming the active coordinator's advertised URL.
+//! watches, elections and force-release.
+//!
+//! Several coordinators ([`FrameClient::connect_any`], their frame ports):
+//! calls go to the one believed active; a standby's `not_leader` refusal or
+//! a failed connect (nothing was done) moves the client on to the next, at
+//! once and then after a short backoff, at most two attempts per
+//! coordinator (at least three), all within the call's deadline. A
+//! standby's hint names the active coordinator's main-port URL, not its
+//! frame port, so the client tries its list in turn instead.
 //!
 //! Connections: one call in flight on each; a call takes an idle connection
 //! or opens one, and gives it back after a whole answer, so concurrent
@@ -15,62 +21,66 @@
 //! call has the deadline of [`ClientOptions::call_timeout`] (plus the wait
 //! of an acquire); a connection whose call failed or timed out is dropped.
 //!
-//! Retries follow the rules of the gRPC client: a call whose connection
-//! could not be opened was never sent, and fails with nothing done. On an
-//! idle connection the coordinator may have closed meanwhile (after a
-//! restart, say), `renew`, `release` and `status` are tried once more on a
-//! new connection; `acquire` is not, since the grant may have happened: the
-//! error says the outcome is unknown.
+//! Retries follow the rules of the gRPC client: what proves nothing was
+//! done (above) is retried for every call. After anything else that may
+//! hide a call carried out — a connection that broke after the request
+//! left, no answer in time, `unavailable`, `outcome_unknown` — `renew`,
+//! `release` and `status` are tried again (an idle connection the
+//! coordinator closed meanwhile, after a restart say, is one), and
+//! `acquire` is not, since the grant may have happened: its error says the
+//! outcome is unknown.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use leasefence_core::{Holder, Invalid, LeaseId, ResourceId, Token};
-use leasefence_proto::frame::{self, Request, Response};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
+use leasefence_proto::frame::{Refusal, Request, Response};
+use tokio::time::Instant;
 
-use crate::{ClientError, ClientOptions, LeaseInfo, StatusInfo};
+use crate::retry::{Safety, attempts_max};
+use crate::{COORDINATORS_MAX, ClientError, ClientOptions, LeaseInfo, StatusInfo};
 
-/// Idle connections kept for reuse; more are closed when given back.
-const IDLE_MAX: usize = 64;
+mod conn;
 
-trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+use conn::{Endpoint, Exchange, exchange};
 
-/// One open connection, past its `Hello`.
-struct Conn {
-    io: BufReader<Box<dyn Io>>,
-    buf: Vec<u8>,
-}
+/// First wait before going round the coordinators again.
+const BACKOFF_MIN: Duration = Duration::from_millis(20);
+/// Longest wait between two rounds.
+const BACKOFF_MAX: Duration = Duration::from_millis(500);
 
-/// A client of one coordinator over the frame protocol; cheap to clone.
+/// A client of one or several coordinators' frame ports; cheap to clone
+/// (clones share the connections and the belief of which is active).
 #[derive(Clone)]
 pub struct FrameClient {
     inner: Arc<Inner>,
 }
 
 struct Inner {
-    url: String,
-    /// `host:port`.
-    addr: String,
-    tls: Option<(tokio_rustls::TlsConnector, rustls::pki_types::ServerName<'static>)>,
+    endpoints: Vec<Endpoint>,
+    /// The index of the coordinator believed active.
+    active: AtomicUsize,
     options: ClientOptions,
-    idle: Mutex<Vec<Conn>>,
 }
 
 impl std::fmt::Debug for FrameClient {
     // Never the token.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FrameClient").field("url", &self.inner.url).finish()
+        f.debug_struct("FrameClient")
+            .field("coordinators", &self.coordinators())
+            .finish()
     }
 }
 
-/// Whether a call may be sent again after a failure that leaves its outcome unknown.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Safety {
-    Once,
-    Idempotent,
+/// How one attempt ended, when it did not answer.
+enum Attempt {
+    /// Nothing was done: another coordinator may be tried for any call.
+    Unsent(ClientError),
+    /// It may have been carried out.
+    Ambiguous(ClientError),
+    /// An answer that stands.
+    Final(ClientError),
 }
 
 impl FrameClient {
@@ -78,36 +88,53 @@ impl FrameClient {
     /// with `options` (its token, TLS settings and timeouts), and fails if
     /// the coordinator cannot be reached or refuses the connection.
     pub async fn connect(url: &str, options: ClientOptions) -> Result<FrameClient, ClientError> {
-        options.check()?;
-        let (tls, addr) = parse_url(url)?;
-        let tls = match tls {
-            false => None,
-            true => {
-                let config = options.tls().cloned().unwrap_or_default().rustls_config()?;
-                let host = addr.rsplit_once(':').map_or(addr.as_str(), |(h, _)| h);
-                let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
-                let name = rustls::pki_types::ServerName::try_from(host)
-                    .map_err(|e| Invalid::new("server", format!("{url}: {e}")))?;
-                Some((tokio_rustls::TlsConnector::from(Arc::new(config)), name))
-            }
-        };
-        let client = FrameClient {
-            inner: Arc::new(Inner {
-                url: url.to_string(),
-                addr,
-                tls,
-                options,
-                idle: Mutex::new(Vec::new()),
-            }),
-        };
-        let conn = client.open().await?;
-        client.put_back(conn);
+        let client = FrameClient::connect_any(&[url], options)?;
+        let endpoint = &client.inner.endpoints[0];
+        let conn = endpoint.open(&client.inner.options).await?;
+        endpoint.put_back(conn);
         Ok(client)
     }
 
-    /// The URL this client was connected with.
-    pub fn url(&self) -> &str {
-        &self.inner.url
+    /// A client of several coordinators' frame ports (the active one and its
+    /// standbys on one shared store). Nothing is connected yet, so
+    /// coordinators that are down do not stop it; an empty or too long list
+    /// (more than [`COORDINATORS_MAX`]) or a URL that is not `leasefence(s)://`
+    /// is refused (field `server`). Duplicates count once.
+    pub fn connect_any<S: AsRef<str>>(urls: &[S], options: ClientOptions) -> Result<FrameClient, ClientError> {
+        options.check()?;
+        if urls.is_empty() {
+            let allowed = "no coordinator given; allowed: one or more URLs like leasefence://127.0.0.1:7741";
+            return Err(Invalid::new("server", allowed).into());
+        }
+        let mut endpoints: Vec<Endpoint> = Vec::new();
+        for url in urls {
+            let url = url.as_ref();
+            if endpoints.iter().any(|e| e.url == url) {
+                continue;
+            }
+            if endpoints.len() == COORDINATORS_MAX {
+                let many = format!("more than {COORDINATORS_MAX} coordinators given");
+                return Err(Invalid::new("server", many).into());
+            }
+            endpoints.push(Endpoint::new(url, &options)?);
+        }
+        Ok(FrameClient {
+            inner: Arc::new(Inner {
+                endpoints,
+                active: AtomicUsize::new(0),
+                options,
+            }),
+        })
+    }
+
+    /// The frame URLs this client knows, in the order given.
+    pub fn coordinators(&self) -> Vec<String> {
+        self.inner.endpoints.iter().map(|e| e.url.clone()).collect()
+    }
+
+    /// The coordinator the next call goes to first.
+    pub fn active(&self) -> String {
+        self.endpoint(self.inner.active.load(Ordering::Relaxed)).url.clone()
     }
 
     /// Acquires `resource` for `ttl`, waiting up to `wait` (zero: fail at
@@ -184,8 +211,13 @@ impl FrameClient {
         self.inner.options.call_timeout()
     }
 
-    /// Sends `req` and reads its answer within `limit`, retrying once on a
-    /// new connection where `safety` allows (see the module docs).
+    fn endpoint(&self, index: usize) -> &Endpoint {
+        &self.inner.endpoints[index % self.inner.endpoints.len()]
+    }
+
+    /// Sends `req` to the coordinator believed active and moves on as the
+    /// module docs say, until an answer, a failure `safety` does not allow
+    /// to retry, the last attempt, or `limit`.
     async fn call(
         &self,
         resource: &ResourceId,
@@ -193,173 +225,103 @@ impl FrameClient {
         limit: Duration,
         safety: Safety,
     ) -> Result<Response, ClientError> {
-        let pooled = self.take_idle();
+        let deadline = Instant::now() + limit;
+        let known = self.inner.endpoints.len();
+        let rounds = u32::try_from(known).unwrap_or(u32::MAX);
+        let mut backoff = BACKOFF_MIN;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let index = self.inner.active.load(Ordering::Relaxed);
+            let endpoint = self.endpoint(index);
+            let mut left = deadline.saturating_duration_since(Instant::now());
+            if known > 1 && safety == Safety::Idempotent {
+                // A coordinator that stopped answering does not use the whole deadline.
+                left = left.min(limit / 2);
+            }
+            let failed = match self.attempt(endpoint, resource, req, left, safety).await {
+                Ok(answer) => return Ok(answer),
+                Err(Attempt::Final(e)) => return Err(e),
+                Err(Attempt::Ambiguous(e)) if safety == Safety::Once => return Err(e),
+                Err(Attempt::Unsent(e) | Attempt::Ambiguous(e)) => e,
+            };
+            if attempt >= attempts_max(known) || Instant::now() >= deadline {
+                return Err(failed);
+            }
+            // Believe the next one active (unless another caller moved on already).
+            let _ =
+                self.inner
+                    .active
+                    .compare_exchange(index, (index + 1) % known, Ordering::Relaxed, Ordering::Relaxed);
+            // Once every coordinator had its turn, wait before the next round.
+            if attempt % rounds == 0 {
+                tokio::time::sleep(backoff.min(deadline.saturating_duration_since(Instant::now()))).await;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+            }
+        }
+    }
+
+    /// One attempt on `endpoint`, within `limit`: on an idle connection of
+    /// its pool, else a new one.
+    async fn attempt(
+        &self,
+        endpoint: &Endpoint,
+        resource: &ResourceId,
+        req: &Request,
+        limit: Duration,
+        safety: Safety,
+    ) -> Result<Response, Attempt> {
+        let options = &self.inner.options;
+        let pooled = endpoint.take_idle();
         let reused = pooled.is_some();
         let mut conn = match pooled {
             Some(c) => c,
-            None => self.open().await?,
+            None => endpoint.open(options).await.map_err(|e| match e {
+                e @ ClientError::Transport { .. } => Attempt::Unsent(e),
+                e => Attempt::Final(e),
+            })?,
         };
         let mut sent = exchange(&mut conn, req, limit).await;
+        // An idle connection closed by the coordinator meanwhile: once more on a new one.
         if reused && safety == Safety::Idempotent && matches!(sent, Err(Exchange::Io(_) | Exchange::Closed)) {
-            conn = self.open().await?;
+            conn = endpoint.open(options).await.map_err(Attempt::Unsent)?;
             sent = exchange(&mut conn, req, limit).await;
         }
         match sent {
             Ok(Response::Refused(r)) => {
-                self.put_back(conn);
-                Err(self.refusal(resource, r))
+                endpoint.put_back(conn);
+                Err(refusal(endpoint, resource, r))
             }
             Ok(answer) => {
-                self.put_back(conn);
+                endpoint.put_back(conn);
                 Ok(answer)
             }
-            Err(e) => Err(self.transport(e.describe(limit, safety))),
-        }
-    }
-
-    fn take_idle(&self) -> Option<Conn> {
-        self.inner.idle.lock().unwrap_or_else(|e| e.into_inner()).pop()
-    }
-
-    fn put_back(&self, conn: Conn) {
-        let mut idle = self.inner.idle.lock().unwrap_or_else(|e| e.into_inner());
-        if idle.len() < IDLE_MAX {
-            idle.push(conn);
-        }
-    }
-
-    /// A new connection, through its `Hello`, within the connect timeout.
-    async fn open(&self) -> Result<Conn, ClientError> {
-        let limit = self.inner.options.connect_timeout();
-        match tokio::time::timeout(limit, self.handshake()).await {
-            Ok(opened) => opened,
-            Err(_) => Err(self.transport(format!("not connected within {} ms", limit.as_millis()))),
-        }
-    }
-
-    async fn handshake(&self) -> Result<Conn, ClientError> {
-        let inner = &self.inner;
-        let tcp = TcpStream::connect(&inner.addr)
-            .await
-            .map_err(|e| self.transport(e.to_string()))?;
-        // Each request is one small write its caller waits on.
-        let _ = tcp.set_nodelay(true);
-        let io: Box<dyn Io> = match &inner.tls {
-            None => Box::new(tcp),
-            Some((connector, name)) => Box::new(connector.connect(name.clone(), tcp).await.map_err(|e| {
-                self.transport(format!(
-                    "TLS handshake failed ({e}); is the port plaintext? then use leasefence://"
-                ))
-            })?),
-        };
-        let mut conn = Conn {
-            io: BufReader::new(io),
-            buf: Vec::with_capacity(256),
-        };
-        let hello = Request::Hello {
-            version: frame::VERSION,
-            token: inner.options.credentials().token().map(str::to_string),
-        };
-        let limit = inner.options.connect_timeout();
-        match exchange(&mut conn, &hello, limit).await {
-            Ok(Response::Welcome { .. }) => Ok(conn),
-            Ok(Response::Refused(r)) if r.kind == "tls_required" => Err(self.transport(r.message)),
-            Ok(Response::Refused(r)) => Err(match r.kind.as_str() {
-                "unauthenticated" | "permission_denied" | "limit_exceeded" => ClientError::Refused {
-                    kind: r.kind,
-                    message: r.message,
-                },
-                _ => self.transport(format!("refused the connection ({}): {}", r.kind, r.message)),
-            }),
-            Ok(other) => Err(unexpected(&other)),
-            Err(e) => Err(self.transport(e.describe(limit, Safety::Idempotent))),
-        }
-    }
-
-    fn transport(&self, message: String) -> ClientError {
-        ClientError::Transport {
-            url: self.inner.url.clone(),
-            message,
-        }
-    }
-
-    /// The error a refusal stands for, as the gRPC client reports it.
-    fn refusal(&self, resource: &ResourceId, r: frame::Refusal) -> ClientError {
-        if let Some(e) = r.to_lease(resource) {
-            return ClientError::Lease(e);
-        }
-        match r.kind.as_str() {
-            "unauthenticated" | "permission_denied" | "limit_exceeded" => ClientError::Refused {
-                kind: r.kind,
-                message: r.message,
-            },
-            "not_leader" | "unavailable" | "outcome_unknown" => self.transport(r.message),
-            _ => ClientError::Server(r.message),
+            Err(e) => {
+                let what = e.describe(limit);
+                Err(Attempt::Ambiguous(endpoint.transport(match safety {
+                    Safety::Idempotent => what,
+                    Safety::Once => format!("{what}; the request may have been carried out (outcome unknown)"),
+                })))
+            }
         }
     }
 }
 
-/// Why an exchange failed.
-enum Exchange {
-    Io(std::io::Error),
-    Malformed(frame::FrameError),
-    Closed,
-    Timeout,
-}
-
-impl Exchange {
-    fn describe(self, limit: Duration, safety: Safety) -> String {
-        let what = match self {
-            Exchange::Io(e) => e.to_string(),
-            Exchange::Malformed(e) => format!("malformed answer: {e}"),
-            Exchange::Closed => "the coordinator closed the connection".to_string(),
-            Exchange::Timeout => format!("no answer within {} ms (the call timeout)", limit.as_millis()),
-        };
-        match safety {
-            Safety::Idempotent => what,
-            Safety::Once => format!("{what}; the request may have been carried out (outcome unknown)"),
-        }
+/// The error a refusal stands for, as the gRPC client reports it, and
+/// whether another coordinator may be tried.
+fn refusal(endpoint: &Endpoint, resource: &ResourceId, r: Refusal) -> Attempt {
+    if let Some(e) = r.to_lease(resource) {
+        return Attempt::Final(ClientError::Lease(e));
     }
-}
-
-/// Writes `req` and reads one answer on `conn`, within `limit`.
-async fn exchange(conn: &mut Conn, req: &Request, limit: Duration) -> Result<Response, Exchange> {
-    let round = async {
-        frame::encode_request(req, &mut conn.buf);
-        conn.io.write_all(&conn.buf).await.map_err(Exchange::Io)?;
-        conn.io.flush().await.map_err(Exchange::Io)?;
-        match frame::read_frame(&mut conn.io, &mut conn.buf).await {
-            Ok(true) => frame::decode_response(&conn.buf).map_err(Exchange::Malformed),
-            Ok(false) => Err(Exchange::Closed),
-            Err(e) => Err(Exchange::Io(e)),
-        }
-    };
-    match tokio::time::timeout(limit, round).await {
-        Ok(answer) => answer,
-        Err(_) => Err(Exchange::Timeout),
-    }
-}
-
-/// `(tls, "host:port")` of a `leasefence(s)://HOST:PORT` URL.
-fn parse_url(url: &str) -> Result<(bool, String), Invalid> {
-    let allowed = "allowed: leasefence://HOST:PORT or leasefences://HOST:PORT (TLS)";
-    let (tls, rest) = if let Some(rest) = url.strip_prefix("leasefences://") {
-        (true, rest)
-    } else if let Some(rest) = url.strip_prefix("leasefence://") {
-        (false, rest)
-    } else {
-        return Err(Invalid::new("server", format!("{url:?} is not a frame URL; {allowed}")));
-    };
-    let rest = rest.strip_suffix('/').unwrap_or(rest);
-    let port = rest.rsplit_once(':').map(|(host, port)| (host, port.parse::<u16>()));
-    match port {
-        Some((host, Ok(p))) if !host.is_empty() && p != 0 && !rest.contains('/') && !rest.contains('@') => {
-            Ok((tls, rest.to_string()))
-        }
-        _ => Err(Invalid::new(
-            "server",
-            format!("{url:?} names no host and port; {allowed}"),
-        )),
+    match r.kind.as_str() {
+        "unauthenticated" | "permission_denied" | "limit_exceeded" => Attempt::Final(ClientError::Refused {
+            kind: r.kind,
+            message: r.message,
+        }),
+        "not_leader" => Attempt::Unsent(endpoint.transport(r.message)),
+        // As over gRPC: a coordinator stopping or cut off from its store may have begun the call.
+        "unavailable" | "outcome_unknown" => Attempt::Ambiguous(endpoint.transport(r.message)),
+        _ => Attempt::Final(ClientError::Server(r.message)),
     }
 }
 
@@ -396,34 +358,4 @@ fn server(message: &str) -> ClientError {
 
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_url;
-
-    #[test]
-    fn frame_urls_are_checked() {
-        assert_eq!(
-            parse_url("leasefence://127.0.0.1:7741"),
-            Ok((false, "127.0.0.1:7741".into()))
-        );
-        assert_eq!(
-            parse_url("leasefences://coord.example:7741/"),
-            Ok((true, "coord.example:7741".into()))
-        );
-        assert_eq!(parse_url("leasefence://[::1]:7741"), Ok((false, "[::1]:7741".into())));
-        for bad in [
-            "http://127.0.0.1:7740",
-            "leasefence://127.0.0.1",
-            "leasefence://:7741",
-            "leasefence://h:0",
-            "leasefence://h:99999",
-            "leasefence://u@h:1",
-            "leasefence://h:1/path",
-        ] {
-            let e = parse_url(bad).expect_err(bad);
-            assert_eq!(e.field(), "server", "{bad}");
-        }
-    }
 }

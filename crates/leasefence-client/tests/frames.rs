@@ -1,8 +1,9 @@
 //! The frame protocol through the real client and the real coordinator:
 //! one conformance scenario that the gRPC client and the frame client pass
 //! alike (same answers, same typed refusals), access control by token and by
-//! client certificate, TLS and its mismatches, a standby's refusal, and the
-//! retry rules after the coordinator closed an idle connection.
+//! client certificate, TLS and its mismatches, a standby's refusal and moving
+//! on from it (or from a coordinator that is down), and the retry rules after
+//! the coordinator closed an idle connection.
 
 #[path = "../../leasefence-server/tests/support/certs.rs"]
 mod certs;
@@ -341,23 +342,54 @@ async fn a_standby_refuses_with_the_active_coordinators_url() {
         assert!(tokio::time::Instant::now() < deadline, "no leader elected");
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    let client = FrameClient::connect(&format!("leasefence://{}", standby.1), ClientOptions::default())
+    let standby_url = format!("leasefence://{}", standby.1);
+    let leader_url = format!("leasefence://{}", leader.1);
+    // Knowing the standby alone: refused, naming the active coordinator.
+    let alone = FrameClient::connect(&standby_url, ClientOptions::default())
         .await
         .expect("a standby accepts the connection");
-    match client.acquire(&resource("a"), TTL, None, Duration::ZERO).await {
+    match alone.acquire(&resource("a"), TTL, None, Duration::ZERO).await {
         Err(ClientError::Transport { message, .. }) => {
             assert!(message.contains(&leader.2), "{message} names {}", leader.2)
         }
         other => panic!("expected a not-leader transport error, got {other:?}"),
     }
-    let active_client = FrameClient::connect(&format!("leasefence://{}", leader.1), ClientOptions::default())
-        .await
-        .expect("the active one");
-    let lease = active_client
+    // Knowing both, standby first: the client moves on and stays with the active one.
+    let both = FrameClient::connect_any(&[&standby_url, &leader_url], ClientOptions::default()).expect("client");
+    let lease = both
         .acquire(&resource("a"), TTL, None, Duration::ZERO)
         .await
         .expect("granted by the active coordinator");
     assert_eq!(lease.token.get(), 1);
+    assert_eq!(both.active(), leader_url);
+    assert_eq!(
+        both.release(&resource("a"), &lease.lease_id).await.expect("released"),
+        lease.token
+    );
+}
+
+#[tokio::test]
+async fn a_coordinator_that_is_down_is_skipped() {
+    let coordinator = Coordinator::start(None, None).await;
+    let down = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("probe");
+        format!("leasefence://{}", probe.local_addr().expect("addr"))
+    };
+    let client = FrameClient::connect_any(&[down.as_str(), &coordinator.frames_url()], ClientOptions::default())
+        .expect("client");
+    // Nothing was sent to the one that is down, so even an acquire moves on.
+    let lease = client
+        .acquire(&resource("skip"), TTL, None, Duration::ZERO)
+        .await
+        .expect("granted by the one that is up");
+    assert_eq!(lease.token.get(), 1);
+    assert_eq!(client.active(), coordinator.frames_url());
+    for bad in [&[][..], &["http://127.0.0.1:1"][..]] {
+        match FrameClient::connect_any(bad, ClientOptions::default()) {
+            Err(ClientError::Invalid(e)) => assert_eq!(e.field(), "server"),
+            other => panic!("{bad:?}: expected an invalid server, got {other:?}"),
+        }
+    }
 }
 
 /// Serves frames on `frames` over a fresh store until the sender is used;

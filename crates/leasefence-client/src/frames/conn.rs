@@ -1,0 +1,216 @@
+//! One coordinator's frame port as the client sees it: its URL, how to reach
+//! it (TCP, or TLS), its pool of idle connections, and one exchange of a
+//! request and its answer on a connection.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use leasefence_core::Invalid;
+use leasefence_proto::frame::{self, Request, Response};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+use crate::{ClientError, ClientOptions};
+
+/// Idle connections kept for reuse per coordinator; more are closed when given back.
+const IDLE_MAX: usize = 64;
+
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+/// One open connection, past its `Hello`.
+pub(super) struct Conn {
+    io: BufReader<Box<dyn Io>>,
+    buf: Vec<u8>,
+}
+
+type TlsTarget = (tokio_rustls::TlsConnector, rustls::pki_types::ServerName<'static>);
+
+/// A coordinator's frame port.
+pub(super) struct Endpoint {
+    pub url: String,
+    /// `host:port`.
+    addr: String,
+    tls: Option<TlsTarget>,
+    idle: Mutex<Vec<Conn>>,
+}
+
+impl Endpoint {
+    /// Checks `url` and prepares its TLS settings (nothing is connected).
+    pub fn new(url: &str, options: &ClientOptions) -> Result<Endpoint, Invalid> {
+        let (tls, addr) = parse_url(url)?;
+        let tls = match tls {
+            false => None,
+            true => {
+                let config = options.tls().cloned().unwrap_or_default().rustls_config()?;
+                let host = addr.rsplit_once(':').map_or(addr.as_str(), |(h, _)| h);
+                let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+                let name = rustls::pki_types::ServerName::try_from(host)
+                    .map_err(|e| Invalid::new("server", format!("{url}: {e}")))?;
+                Some((tokio_rustls::TlsConnector::from(Arc::new(config)), name))
+            }
+        };
+        Ok(Endpoint {
+            url: url.to_string(),
+            addr,
+            tls,
+            idle: Mutex::new(Vec::new()),
+        })
+    }
+
+    pub fn take_idle(&self) -> Option<Conn> {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop()
+    }
+
+    pub fn put_back(&self, conn: Conn) {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() < IDLE_MAX {
+            idle.push(conn);
+        }
+    }
+
+    pub fn transport(&self, message: String) -> ClientError {
+        ClientError::Transport {
+            url: self.url.clone(),
+            message,
+        }
+    }
+
+    /// A new connection, through its `Hello`, within the connect timeout.
+    /// Every error means nothing was sent but the hello.
+    pub async fn open(&self, options: &ClientOptions) -> Result<Conn, ClientError> {
+        let limit = options.connect_timeout();
+        match tokio::time::timeout(limit, self.handshake(options)).await {
+            Ok(opened) => opened,
+            Err(_) => Err(self.transport(format!("not connected within {} ms", limit.as_millis()))),
+        }
+    }
+
+    async fn handshake(&self, options: &ClientOptions) -> Result<Conn, ClientError> {
+        let tcp = TcpStream::connect(&self.addr)
+            .await
+            .map_err(|e| self.transport(e.to_string()))?;
+        // Each request is one small write its caller waits on.
+        let _ = tcp.set_nodelay(true);
+        let io: Box<dyn Io> = match &self.tls {
+            None => Box::new(tcp),
+            Some((connector, name)) => Box::new(connector.connect(name.clone(), tcp).await.map_err(|e| {
+                self.transport(format!(
+                    "TLS handshake failed ({e}); is the port plaintext? then use leasefence://"
+                ))
+            })?),
+        };
+        let mut conn = Conn {
+            io: BufReader::new(io),
+            buf: Vec::with_capacity(256),
+        };
+        let hello = Request::Hello {
+            version: frame::VERSION,
+            token: options.credentials().token().map(str::to_string),
+        };
+        let limit = options.connect_timeout();
+        match exchange(&mut conn, &hello, limit).await {
+            Ok(Response::Welcome { .. }) => Ok(conn),
+            Ok(Response::Refused(r)) => Err(match r.kind.as_str() {
+                "unauthenticated" | "permission_denied" | "limit_exceeded" => ClientError::Refused {
+                    kind: r.kind,
+                    message: r.message,
+                },
+                "tls_required" => self.transport(r.message),
+                _ => self.transport(format!("refused the connection ({}): {}", r.kind, r.message)),
+            }),
+            Ok(other) => Err(ClientError::Server(format!("unexpected answer to Hello: {other:?}"))),
+            Err(e) => Err(self.transport(e.describe(limit))),
+        }
+    }
+}
+
+/// Why an exchange failed.
+pub(super) enum Exchange {
+    Io(std::io::Error),
+    Malformed(frame::FrameError),
+    Closed,
+    Timeout,
+}
+
+impl Exchange {
+    pub fn describe(self, limit: Duration) -> String {
+        match self {
+            Exchange::Io(e) => e.to_string(),
+            Exchange::Malformed(e) => format!("malformed answer: {e}"),
+            Exchange::Closed => "the coordinator closed the connection".to_string(),
+            Exchange::Timeout => format!("no answer within {} ms (the call timeout)", limit.as_millis()),
+        }
+    }
+}
+
+/// Writes `req` and reads one answer on `conn`, within `limit`.
+pub(super) async fn exchange(conn: &mut Conn, req: &Request, limit: Duration) -> Result<Response, Exchange> {
+    let round = async {
+        frame::encode_request(req, &mut conn.buf);
+        conn.io.write_all(&conn.buf).await.map_err(Exchange::Io)?;
+        conn.io.flush().await.map_err(Exchange::Io)?;
+        match frame::read_frame(&mut conn.io, &mut conn.buf).await {
+            Ok(true) => frame::decode_response(&conn.buf).map_err(Exchange::Malformed),
+            Ok(false) => Err(Exchange::Closed),
+            Err(e) => Err(Exchange::Io(e)),
+        }
+    };
+    match tokio::time::timeout(limit, round).await {
+        Ok(answer) => answer,
+        Err(_) => Err(Exchange::Timeout),
+    }
+}
+
+/// `(tls, "host:port")` of a `leasefence(s)://HOST:PORT` URL.
+pub(super) fn parse_url(url: &str) -> Result<(bool, String), Invalid> {
+    let allowed = "allowed: leasefence://HOST:PORT or leasefences://HOST:PORT (TLS)";
+    let (tls, rest) = if let Some(rest) = url.strip_prefix("leasefences://") {
+        (true, rest)
+    } else if let Some(rest) = url.strip_prefix("leasefence://") {
+        (false, rest)
+    } else {
+        return Err(Invalid::new("server", format!("{url:?} is not a frame URL; {allowed}")));
+    };
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    let port = rest.rsplit_once(':').map(|(host, port)| (host, port.parse::<u16>()));
+    match port {
+        Some((host, Ok(p))) if !host.is_empty() && p != 0 && !rest.contains('/') && !rest.contains('@') => {
+            Ok((tls, rest.to_string()))
+        }
+        _ => Err(Invalid::new(
+            "server",
+            format!("{url:?} names no host and port; {allowed}"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_url;
+
+    #[test]
+    fn frame_urls_are_checked() {
+        assert_eq!(
+            parse_url("leasefence://127.0.0.1:7741"),
+            Ok((false, "127.0.0.1:7741".into()))
+        );
+        assert_eq!(
+            parse_url("leasefences://coord.example:7741/"),
+            Ok((true, "coord.example:7741".into()))
+        );
+        assert_eq!(parse_url("leasefence://[::1]:7741"), Ok((false, "[::1]:7741".into())));
+        for bad in [
+            "http://127.0.0.1:7740",
+            "leasefence://127.0.0.1",
+            "leasefence://:7741",
+            "leasefence://h:0",
+            "leasefence://h:99999",
+            "leasefence://u@h:1",
+            "leasefence://h:1/path",
+        ] {
+            let e = parse_url(bad).expect_err(bad);
+            assert_eq!(e.field(), "server", "{bad}");
+        }
+    }
+}
