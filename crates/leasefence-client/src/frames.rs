@@ -103,7 +103,7 @@ impl FrameClient {
     pub fn connect_any<S: AsRef<str>>(urls: &[S], options: ClientOptions) -> Result<FrameClient, ClientError> {
         options.check()?;
         if urls.is_empty() {
-            let allowed = "no coordinator given; allowed: one or more URLs like leasefence://127.0.0.1:7741";
+            let allowed = "no coordinator given; allowed: one or more URLs like leasefence://127.0.0.1:7742";
             return Err(Invalid::new("server", allowed).into());
         }
         let mut endpoints: Vec<Endpoint> = Vec::new();

@@ -70,7 +70,7 @@ pub fn apply(a: &mut ServeArgs, m: &ArgMatches) -> Result<(), Failure> {
         let addr = v.parse().map_err(|_| {
             bad(
                 "frames-listen",
-                format!("{v:?} is not an address:port like \"127.0.0.1:7741\""),
+                format!("{v:?} is not an address:port like \"127.0.0.1:7742\""),
             )
         })?;
         a.frames_listen = Some(addr);
