@@ -23,7 +23,8 @@ use std::future::Future;
 use futures_util::StreamExt;
 use lapin::message::Delivery;
 use lapin::options::{
-    BasicAckOptions, BasicNackOptions, BasicPublishOptions, BasicRejectOptions, ConfirmSelectOptions,
+    BasicAckOptions, BasicCancelOptions, BasicNackOptions, BasicPublishOptions, BasicRejectOptions,
+    ConfirmSelectOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection};
@@ -215,11 +216,20 @@ where
     }
 }
 
-/// Consumes `consumer` until `shutdown` completes (or the consumer ends),
-/// handling one delivery at a time, and returns what it saw. A failed
-/// settle is logged and the loop goes on; [`queue::RECEIVE_ERRORS_MAX`]
-/// consumer errors in a row (its channel closed) end it.
+/// Consumes `consumer` (started on `channel`) until `shutdown` completes (or
+/// the consumer ends), handling one delivery at a time, and returns what it
+/// saw. A failed settle is logged and the loop goes on;
+/// [`queue::RECEIVE_ERRORS_MAX`] consumer errors in a row (its channel
+/// closed) end it.
+///
+/// Before it returns it cancels the consumer (`basic.cancel`) and waits for
+/// the broker's answer, so the channel can be closed at once: a
+/// `lapin::Consumer` dropped while still active sends its cancel in the
+/// background, and a close racing with that cancel fails, and with it the
+/// connection. Deliveries it holds unacked stay so until the channel
+/// closes, when the broker requeues them.
 pub async fn consume<H, Fut>(
+    channel: &Channel,
     consumer: lapin::Consumer,
     settings: &Settings,
     handler: H,
@@ -229,12 +239,24 @@ where
     H: Fn(Fence, Message) -> Fut,
     Fut: Future<Output = Result<Handled, HandleError>>,
 {
-    let deliveries = consumer.map(|d| d.map_err(QueueError::amqp("receiving a delivery")));
+    let tag = consumer.tag();
+    // Kept until the cancel below has been answered: dropped earlier, the
+    // consumer would send a cancel of its own.
+    let mut deliveries = consumer.map(|d| d.map_err(QueueError::amqp("receiving a delivery")));
     let handler = &handler;
-    queue::consume_loop(deliveries, settings, shutdown, |delivery| async move {
+    let tally = queue::consume_loop(&mut deliveries, settings, shutdown, |delivery| async move {
         handle(&delivery, settings, handler).await
     })
-    .await
+    .await;
+    // A channel that failed or closed has no consumer left to cancel.
+    if channel.status().connected() {
+        let cancelled = channel.basic_cancel(tag, BasicCancelOptions::default()).await;
+        if tally.is_ok() {
+            cancelled.map_err(QueueError::amqp("cancelling the consumer"))?;
+        }
+    }
+    drop(deliveries);
+    tally
 }
 
 #[cfg(test)]

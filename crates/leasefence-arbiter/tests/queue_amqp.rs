@@ -132,7 +132,7 @@ impl Broker for Queue {
 
     async fn run(&self, fx: &Arc<Effects>, settings: &Settings, fenced: bool, calls: u64) -> Tally {
         let (channel, consumer) = self.consumer().await;
-        let consume = amqp::consume(consumer, settings, fx.handler(fenced), fx.after_calls(calls));
+        let consume = amqp::consume(&channel, consumer, settings, fx.handler(fenced), fx.after_calls(calls));
         let tally = tokio::time::timeout(RUN_MAX, consume)
             .await
             .expect("consumer finished in time")
@@ -147,7 +147,7 @@ impl Broker for Queue {
         let (channel, consumer) = self.consumer().await;
         let (settings, fx) = (settings.clone(), fx.clone());
         tokio::spawn(async move {
-            let consume = amqp::consume(consumer, &settings, fx.handler(true), fx.after_calls(calls));
+            let consume = amqp::consume(&channel, consumer, &settings, fx.handler(true), fx.after_calls(calls));
             let tally = consume.await.expect("consumer ran");
             Queue::close(channel).await;
             tally
@@ -168,6 +168,7 @@ impl Broker for Queue {
         assert_eq!(queue.message_count(), 0, "nothing left in the queue");
         let (channel, consumer) = self.consumer().await;
         let quiet = amqp::consume(
+            &channel,
             consumer,
             settings,
             fx.handler(true),
@@ -405,6 +406,38 @@ async fn the_same_trials_without_the_arbiter_apply_stale_effects() {
     };
     let body = async {
         scenarios::trials_control(&fx, &queue, "amqp-control").await;
+    };
+    cleaned(body, cleanup(&fx, &queue)).await;
+}
+
+/// A consumer that has stopped leaves its channel ready to close: `consume`
+/// cancels it before returning, so no cancel of lapin's is still on its way
+/// when the channel closes (that race failed the close, and the connection
+/// with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_closes_cleanly_right_after_its_consumer_stops() {
+    let Some((fx, queue)) = setup("amqp-close").await else {
+        return;
+    };
+    let body = async {
+        let settings = Settings::new(format!("amqp-close-{}", hex()));
+        let fence = Fence::new(fx.resource(0), token(1));
+        // Each run stops after a message or a few, with more delivered unacked.
+        for round in 0..150u64 {
+            for id in 0..4 {
+                queue.publish(&fence, &format!("m{round}.{id}")).await;
+            }
+            let (channel, consumer) = queue.consumer().await;
+            let stop = fx.after_calls(fx.calls.load(Ordering::SeqCst) + 1);
+            let tally = amqp::consume(&channel, consumer, &settings, fx.handler(true), stop)
+                .await
+                .expect("consumer ran");
+            assert!(tally.applied >= 1, "round {round}: {tally:?}");
+            if let Err(e) = channel.close(200, "done".into()).await {
+                panic!("round {round}: closing the channel after its consumer stopped: {e}");
+            }
+        }
+        queue.publish(&fence, "after").await;
     };
     cleaned(body, cleanup(&fx, &queue)).await;
 }
