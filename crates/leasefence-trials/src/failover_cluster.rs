@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 
 use crate::failover_http::{Answer, Http, active_epoch};
-use crate::procs::{Coordinator, Log};
+use crate::procs::{Coordinator, Log, Rng};
 
 /// How long one health probe may take: a stopped coordinator never answers.
 const PROBE_LIMIT: Duration = Duration::from_millis(300);
@@ -35,17 +35,42 @@ pub struct Cluster {
     pub log: Log,
 }
 
-/// A loopback port free right now (bound, then released for the child).
-fn free_port() -> anyhow::Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").context("cannot bind a loopback port")?;
-    Ok(l.local_addr().context("no local address")?.port())
+/// A loopback port free right now, for a child to bind and keep across its
+/// restarts. It is picked below the kernel's ephemeral range: a port from
+/// `bind(0)` lies in that range, where the kernel also picks the local port
+/// of every outgoing connection on the machine, so one of those could take
+/// it before the child binds it, or while a killed child is restarted.
+fn free_port(rng: &mut Rng) -> anyhow::Result<u16> {
+    let (lo, hi) = fixed_port_range(&std::fs::read_to_string(EPHEMERAL_RANGE).unwrap_or_default());
+    for _ in 0..100 {
+        let port = u16::try_from(rng.between(lo.into(), hi.into())).context("port range")?;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    bail!("no free loopback port in {lo}..={hi} after 100 tries")
+}
+
+/// Where Linux says which ports it hands out on its own.
+const EPHEMERAL_RANGE: &str = "/proc/sys/net/ipv4/ip_local_port_range";
+
+/// The ports to pick from, given the ephemeral range as `/proc` shows it
+/// (`"32768\t60999"`): the upper half of those below it, or 10000..=19999
+/// when the range cannot be read or leaves too little below it.
+fn fixed_port_range(ephemeral: &str) -> (u16, u16) {
+    let low = ephemeral.split_whitespace().next().and_then(|w| w.parse::<u16>().ok());
+    match low {
+        Some(low) if low >= 4096 => (low / 2, low - 1),
+        _ => (10_000, 19_999),
+    }
 }
 
 impl Cluster {
     pub async fn start(spec: ClusterSpec, n: usize) -> anyhow::Result<Cluster> {
+        let mut rng = Rng::from_os()?;
         let mut c = Cluster {
             spec,
-            ports: (0..n).map(|_| free_port()).collect::<anyhow::Result<_>>()?,
+            ports: (0..n).map(|_| free_port(&mut rng)).collect::<anyhow::Result<_>>()?,
             nodes: (0..n).map(|_| None).collect(),
             probe: Http::new(PROBE_LIMIT)?,
             log: Log::default(),
@@ -197,5 +222,31 @@ impl Cluster {
             self.kill(i).await?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fixed_ports_lie_below_the_ephemeral_range() {
+        assert_eq!(fixed_port_range("32768\t60999\n"), (16_384, 32_767));
+        assert_eq!(fixed_port_range("1024 65535"), (10_000, 19_999));
+        assert_eq!(fixed_port_range(""), (10_000, 19_999));
+        let mut rng = Rng::from_os().expect("rng");
+        let ephemeral = std::fs::read_to_string(EPHEMERAL_RANGE).expect("/proc");
+        let (lo, hi) = fixed_port_range(&ephemeral);
+        let ephemeral_low: u16 = ephemeral
+            .split_whitespace()
+            .next()
+            .and_then(|w| w.parse().ok())
+            .expect("low");
+        assert!(hi < ephemeral_low, "{hi} against {ephemeral:?}");
+        for _ in 0..5 {
+            let port = free_port(&mut rng).expect("a free port");
+            assert!((lo..=hi).contains(&port), "{port}");
+            std::net::TcpListener::bind(("127.0.0.1", port)).expect("still free");
+        }
     }
 }

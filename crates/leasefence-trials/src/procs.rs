@@ -68,7 +68,7 @@ impl Coordinator {
             .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("cannot start {} serve", bin.display()))?;
-        if let (Some(log), Some(stderr)) = (log, child.stderr.take()) {
+        if let (Some(log), Some(stderr)) = (log.clone(), child.stderr.take()) {
             // Ends at EOF, when the child is gone.
             tokio::spawn(async move {
                 let mut lines = BufReader::new(stderr).lines();
@@ -83,10 +83,24 @@ impl Coordinator {
             .await
             .context("serve did not print its listening line within 10 s")?
             .context("cannot read serve's stdout")?;
-        let addr = line
+        let Some(addr) = line
             .strip_prefix("leasefence listening on ")
             .and_then(|rest| rest.split_whitespace().next())
-            .with_context(|| format!("unexpected first line from serve: {line:?}"))?;
+        else {
+            let status = tokio::time::timeout(Duration::from_secs(2), child.wait()).await;
+            let said = match (&log, status) {
+                (Some(log), Ok(Ok(status))) => {
+                    // Its stderr ends with it: give the reader a moment.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    let lines = log.lock().unwrap_or_else(|p| p.into_inner());
+                    let tail = lines.iter().rev().take(5).rev().cloned().collect::<Vec<_>>();
+                    format!("; it exited ({status}) after writing {tail:?}")
+                }
+                (None, Ok(Ok(status))) => format!("; it exited ({status})"),
+                _ => String::new(),
+            };
+            bail!("unexpected first line from serve: {line:?}{said}");
+        };
         let url = format!("http://{addr}");
         Ok(Coordinator {
             child,

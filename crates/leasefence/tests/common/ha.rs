@@ -13,10 +13,26 @@ use serde_json::{Value, json};
 
 use super::BIN;
 
-/// A free loopback port (bound, then released for the child to take).
+/// A loopback port free right now, for a child to bind (and a coordinator
+/// to keep across restarts). Picked below the kernel's ephemeral range,
+/// where `bind(0)` and every outgoing connection on the machine take their
+/// ports: one of those could take it before the child binds it.
 pub fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
+    use std::hash::{BuildHasher, RandomState};
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+    let low = ephemeral.split_whitespace().next().and_then(|w| w.parse::<u16>().ok());
+    let (lo, hi) = match low {
+        Some(low) if low >= 4096 => (low / 2, low - 1),
+        _ => (10_000, 19_999),
+    };
+    let random = RandomState::new();
+    for attempt in 0..100u32 {
+        let port = lo + u16::try_from(random.hash_one(attempt) % u64::from(hi - lo + 1)).expect("in range");
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {lo}..={hi} after 100 tries");
 }
 
 pub struct Cluster {
