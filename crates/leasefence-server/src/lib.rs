@@ -55,8 +55,10 @@ use crate::edge::{EdgeListener, EdgeService};
 /// Why the server could not start or stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: SocketAddr, source: std::io::Error },
+    /// The OS's reason is in the message, not a `source`: a report that
+    /// prints the chain would say it twice.
+    #[error("cannot listen on {addr}: {reason}")]
+    Bind { addr: SocketAddr, reason: std::io::Error },
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("server failed: {0}")]
@@ -254,16 +256,16 @@ async fn listen_frames(config: &ServerConfig) -> Result<Option<TcpListener>, Ser
     };
     let listener = TcpListener::bind(addr)
         .await
-        .map_err(|source| ServerError::Bind { addr, source })?;
+        .map_err(|reason| ServerError::Bind { addr, reason })?;
     Ok(Some(listener))
 }
 
 async fn listen(config: &ServerConfig) -> Result<TcpListener, ServerError> {
     TcpListener::bind(config.listen)
         .await
-        .map_err(|source| ServerError::Bind {
+        .map_err(|reason| ServerError::Bind {
             addr: config.listen,
-            source,
+            reason,
         })
 }
 

@@ -141,3 +141,21 @@ fn serve_takes_its_settings_from_a_config_file_and_flags_override_it() {
         "names the key and the allowed ones: {err}"
     );
 }
+
+#[test]
+fn serve_on_a_port_in_use_says_which_and_why_once() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr").to_string();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path().to_str().expect("utf-8 path");
+    for flag in ["--listen", "--frames-listen"] {
+        let mut args = vec!["serve", "--data-dir", d, flag, &addr];
+        if flag == "--frames-listen" {
+            args.extend(["--listen", "127.0.0.1:0"]);
+        }
+        let (code, out, err) = cli(&args);
+        assert_eq!(code, 1, "{flag}: {out}{err}");
+        assert!(err.contains(&format!("cannot listen on {addr}: ")), "{flag}: {err}");
+        assert_eq!(err.matches("in use").count(), 1, "{flag}: the cause once: {err}");
+    }
+}

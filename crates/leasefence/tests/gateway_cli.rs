@@ -168,3 +168,15 @@ fn a_gateway_with_a_fence_key_refuses_unsigned_writes() {
         assert!(!err.contains(&key.to_line()[4..]), "the secret is never shown: {err}");
     }
 }
+
+#[test]
+fn a_gateway_on_a_port_in_use_says_which_and_why_once() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr").to_string();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path().to_str().expect("utf-8 path");
+    let (code, out, err) = cli(&["gateway", "--data-dir", d, "--listen", &addr]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains(&format!("cannot listen on {addr}: ")), "{err}");
+    assert_eq!(err.matches("in use").count(), 1, "the cause once: {err}");
+}
