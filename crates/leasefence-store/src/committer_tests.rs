@@ -141,6 +141,19 @@ fn a_caller_spins_only_alone_and_only_for_commits_quicker_than_the_spin() {
     assert!(!lone_spin(1, quick, Duration::ZERO), "spinning is off");
 }
 
+#[test]
+fn the_writer_spins_only_after_a_small_commit() {
+    assert_eq!(writer_spin(0, IDLE_SPIN), IDLE_SPIN, "before the first commit");
+    assert_eq!(writer_spin(1, IDLE_SPIN), IDLE_SPIN, "one caller");
+    assert_eq!(writer_spin(SPIN_BATCH_MAX, IDLE_SPIN), IDLE_SPIN);
+    assert_eq!(
+        writer_spin(SPIN_BATCH_MAX + 1, IDLE_SPIN),
+        Duration::ZERO,
+        "many callers"
+    );
+    assert_eq!(writer_spin(1, Duration::ZERO), Duration::ZERO, "spinning is off");
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn a_spinning_caller_lets_the_other_tasks_of_its_thread_run() {
     // Spins for the whole 5 ms commit: nothing committed yet, so the last

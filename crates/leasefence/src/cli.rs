@@ -143,9 +143,9 @@ pub struct ServeArgs {
     /// Longest lock-delay an acquire may ask for.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub lock_delay_max: Duration,
-    /// How long the store's writer keeps looking for work after a commit
-    /// before it sleeps: a thread woken from sleep answers later, most of all
-    /// on a virtual machine. A call waiting alone for a commit looks for it
+    /// How long the store's writer keeps looking for work after a commit of
+    /// one or two mutations before it sleeps: a thread woken from sleep
+    /// answers later, most of all on a virtual machine. A call waiting alone for a commit looks for it
     /// as long. Costs up to this much CPU per commit, none while idle; 0
     /// turns both off. At most 10ms.
     #[arg(long, default_value = "200us", value_parser = parse_commit_spin)]
