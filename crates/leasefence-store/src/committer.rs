@@ -26,7 +26,7 @@
 //! next work arrives while the writer is still awake anyway, and a CPU
 //! spent spinning is taken from theirs. On the seventeenth machine of
 //! docs/performance-notes.md a writer that spun after every commit made
-//! 12% fewer cycles at 64 clients and 18% fewer at 16 than one that never
+//! 10% fewer cycles at 64 clients and 16% fewer at 16 than one that never
 //! did, and half again as many at one client.
 //!
 //! A caller that waits for its commit *alone*, with commits lately quicker
