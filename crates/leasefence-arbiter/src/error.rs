@@ -110,7 +110,13 @@ pub enum ArbiterError {
 fn describe_postgres(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
-        None => e.to_string(),
+        // tokio-postgres keeps the cause (connection refused, a TLS or I/O
+        // failure) in its source; say it, since this error does not pass
+        // it on as its own source.
+        None => match std::error::Error::source(e) {
+            Some(cause) => format!("{e}: {cause}"),
+            None => e.to_string(),
+        },
     }
 }
 
@@ -170,4 +176,27 @@ impl From<::redis::RedisError> for ArbiterError {
 /// Converts any redb error (they are split by operation) into ours.
 pub(crate) fn redb_err(e: impl Into<redb::Error>) -> ArbiterError {
     ArbiterError::Embedded(e.into())
+}
+
+#[cfg(all(test, feature = "postgres"))]
+mod tests {
+    use super::*;
+
+    /// A connect error says why it failed, not only that it did: the cause
+    /// is in tokio-postgres's source, which a report of this error would
+    /// not otherwise reach (it is not this error's source).
+    #[tokio::test]
+    async fn a_postgres_connect_error_says_why() {
+        let refused = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = refused.local_addr().expect("addr").port();
+        drop(refused);
+        let url = format!("postgres://nobody@127.0.0.1:{port}/x?connect_timeout=5");
+        let e = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .err()
+            .expect("nothing listens there");
+        let said = ArbiterError::Postgres(e).to_string();
+        assert!(said.starts_with("PostgreSQL: error connecting to server: "), "{said}");
+        assert!(said.contains("refused"), "{said}");
+    }
 }

@@ -288,8 +288,18 @@ pub(crate) fn classify(e: tokio_postgres::Error) -> StoreError {
     match e.as_db_error() {
         Some(db) if unavailable(db.code()) => StoreError::Unavailable(format!("PostgreSQL: {}", db.message())),
         Some(db) => StoreError::Io(format!("PostgreSQL error {}: {}", db.code().code(), db.message())),
-        None if connection_lost(&e) => StoreError::Unavailable(format!("PostgreSQL: {e}")),
-        None => StoreError::Io(format!("PostgreSQL: {e}")),
+        None if connection_lost(&e) => StoreError::Unavailable(format!("PostgreSQL: {}", with_cause(&e))),
+        None => StoreError::Io(format!("PostgreSQL: {}", with_cause(&e))),
+    }
+}
+
+/// The error and its cause (connection refused, a TLS or I/O failure):
+/// tokio-postgres keeps the cause in its source, and the message that
+/// carries it here is a string.
+fn with_cause(e: &tokio_postgres::Error) -> String {
+    match std::error::Error::source(e) {
+        Some(cause) => format!("{e}: {cause}"),
+        None => e.to_string(),
     }
 }
 
@@ -303,5 +313,28 @@ fn classify_fail(f: Fail) -> StoreError {
             other => other,
         },
         Fail::Refused { error, .. } => error,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connect error says why it failed (the cause is in tokio-postgres's
+    /// source): "error connecting to server" alone leaves an operator
+    /// guessing between a wrong port, a firewall and a refused login.
+    #[tokio::test]
+    async fn a_connect_error_says_why() {
+        let refused = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = refused.local_addr().expect("addr").port();
+        drop(refused);
+        let url = format!("postgres://nobody@127.0.0.1:{port}/x?connect_timeout=5");
+        let e = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .err()
+            .expect("nothing listens there");
+        let said = classify(e).to_string();
+        assert!(said.contains("PostgreSQL: error connecting to server: "), "{said}");
+        assert!(said.contains("refused"), "{said}");
     }
 }
