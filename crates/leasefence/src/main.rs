@@ -90,7 +90,7 @@ fn main() -> ExitCode {
     if let (cli::Command::Serve(a), Some(m)) = (&mut args.command, matches.subcommand_matches("serve"))
         && let Err(f) = serve_config::apply(a, m)
     {
-        eprintln!("error: {:#}", f.error);
+        eprintln!("error: {}", report(&f.error));
         return ExitCode::from(f.code);
     }
     let filter = tracing_subscriber::EnvFilter::try_from_env("LEASEFENCE_LOG")
@@ -118,8 +118,63 @@ fn main() -> ExitCode {
     match runtime.block_on(cli::run(args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
-            eprintln!("error: {:#}", f.error);
+            eprintln!("error: {}", report(&f.error));
             ExitCode::from(f.code)
         }
+    }
+}
+
+/// An error and its causes on one line, each said once. Many errors (ours
+/// with a `{0}` message over a `#[from]` field, and some of our
+/// dependencies') both include their cause in their message and return it as
+/// their source, so printing every link of the chain, as `{:#}` does, would
+/// repeat it: a cause whose message the link before it already includes is
+/// left out.
+fn report(error: &anyhow::Error) -> String {
+    let mut out = error.to_string();
+    let mut before = out.clone();
+    for cause in error.chain().skip(1) {
+        let said = cause.to_string();
+        if !before.contains(&said) {
+            out.push_str(": ");
+            out.push_str(&said);
+        }
+        before = said;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::report;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("disk on fire")]
+    struct Root;
+
+    /// Says its cause and returns it as its source, as `#[error("…: {0}")]`
+    /// over a `#[from]` field does.
+    #[derive(Debug, thiserror::Error)]
+    #[error("embedded store: {0}")]
+    struct SaysItsCause(#[from] Root);
+
+    /// Returns its cause without saying it.
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot open the store")]
+    struct Quiet(#[source] SaysItsCause);
+
+    #[test]
+    fn a_cause_the_message_already_says_is_said_once() {
+        let e = anyhow::Error::from(SaysItsCause(Root));
+        assert_eq!(format!("{e:#}"), "embedded store: disk on fire: disk on fire");
+        assert_eq!(report(&e), "embedded store: disk on fire");
+    }
+
+    #[test]
+    fn a_cause_the_message_does_not_say_is_added() {
+        let e = anyhow::Error::from(Quiet(SaysItsCause(Root)));
+        assert_eq!(report(&e), "cannot open the store: embedded store: disk on fire");
+        let context = anyhow::Error::from(Root).context("starting the gateway");
+        assert_eq!(report(&context), "starting the gateway: disk on fire");
     }
 }

@@ -2,7 +2,8 @@
 //! the pause kit against the real gateway process (0 stale accepted),
 //! `arbiter install http://…` only checks that a gateway answers, bad flags
 //! are refused at start with a message and exit 2, and a data directory in
-//! use by another gateway is refused (its temp files are not swept from under it).
+//! use by another gateway is refused (its temp files are not swept from under it),
+//! and a start that fails says why once.
 
 mod common;
 
@@ -179,4 +180,23 @@ fn a_gateway_on_a_port_in_use_says_which_and_why_once() {
     assert_eq!(code, 1, "{out}{err}");
     assert!(err.contains(&format!("cannot listen on {addr}: ")), "{err}");
     assert_eq!(err.matches("in use").count(), 1, "the cause once: {err}");
+}
+
+#[test]
+fn a_gateway_on_a_store_that_is_no_database_says_why_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("gateway.redb"), vec![0x5a_u8; 8192]).expect("write");
+    let d = dir.path().to_str().expect("utf-8 path");
+    let (code, out, err) = cli(&["gateway", "--data-dir", d, "--listen", "127.0.0.1:0"]);
+    assert_eq!(code, 1, "{out}{err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or_else(|| panic!("no error line: {err}"));
+    assert!(line.starts_with("error: embedded store: "), "{err}");
+    // Every part of the line once: the cause is not repeated after the message
+    // that already says it.
+    let parts: Vec<&str> = line.trim_start_matches("error: embedded store: ").split(": ").collect();
+    let mut seen = std::collections::HashSet::new();
+    assert!(parts.iter().all(|p| seen.insert(*p)), "a cause said twice: {err}");
 }
