@@ -48,13 +48,11 @@ pub const SERVICE: &str = "leasefence-gateway";
 /// Why the gateway could not start or serve.
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
-    /// The OS's reason is in the message, not a `source`: a report that
-    /// prints the chain would say it twice.
-    #[error("{what} {path}: {reason}")]
+    #[error("{what} {path}: {source}")]
     Io {
         what: &'static str,
         path: String,
-        reason: std::io::Error,
+        source: std::io::Error,
     },
     /// Another process (another gateway) has the data directory's database open.
     #[error("{path} is in use by another gateway (its database is locked); give each gateway its own --data-dir")]
@@ -85,10 +83,10 @@ impl Gateway {
         let (store, swept) = opened;
         let listener = tokio::net::TcpListener::bind(config.listen())
             .await
-            .map_err(|reason| GatewayError::Io {
+            .map_err(|source| GatewayError::Io {
                 what: "cannot listen on",
                 path: config.listen().to_string(),
-                reason,
+                source,
             })?;
         Ok(Gateway {
             listener,

@@ -55,10 +55,8 @@ use crate::edge::{EdgeListener, EdgeService};
 /// Why the server could not start or stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    /// The OS's reason is in the message, not a `source`: a report that
-    /// prints the chain would say it twice.
-    #[error("cannot listen on {addr}: {reason}")]
-    Bind { addr: SocketAddr, reason: std::io::Error },
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("server failed: {0}")]
@@ -256,16 +254,16 @@ async fn listen_frames(config: &ServerConfig) -> Result<Option<TcpListener>, Ser
     };
     let listener = TcpListener::bind(addr)
         .await
-        .map_err(|reason| ServerError::Bind { addr, reason })?;
+        .map_err(|source| ServerError::Bind { addr, source })?;
     Ok(Some(listener))
 }
 
 async fn listen(config: &ServerConfig) -> Result<TcpListener, ServerError> {
     TcpListener::bind(config.listen)
         .await
-        .map_err(|reason| ServerError::Bind {
+        .map_err(|source| ServerError::Bind {
             addr: config.listen,
-            reason,
+            source,
         })
 }
 

@@ -110,7 +110,7 @@ pub(crate) struct Store {
 
 fn io_err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> GatewayError {
     let path = path.display().to_string();
-    move |reason| GatewayError::Io { what, path, reason }
+    move |source| GatewayError::Io { what, path, source }
 }
 
 impl Store {
