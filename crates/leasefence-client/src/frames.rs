@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use leasefence_core::{Holder, Invalid, LeaseId, ResourceId, Token};
-use leasefence_proto::frame::{Refusal, Request, Response};
+use leasefence_proto::frame::{Refusal, Request, Response, STRING_MAX};
 use tokio::time::Instant;
 
 use crate::retry::{Safety, attempts_max};
@@ -102,6 +102,12 @@ impl FrameClient {
     /// is refused (field `server`). Duplicates count once.
     pub fn connect_any<S: AsRef<str>>(urls: &[S], options: ClientOptions) -> Result<FrameClient, ClientError> {
         options.check()?;
+        // A frame carries strings of at most STRING_MAX bytes; a longer token
+        // would reach the coordinator cut short and name nobody.
+        if options.credentials().token().is_some_and(|t| t.len() > STRING_MAX) {
+            let allowed = format!("longer than the frame protocol carries; allowed: at most {STRING_MAX} bytes");
+            return Err(Invalid::new("token", allowed).into());
+        }
         if urls.is_empty() {
             let allowed = "no coordinator given; allowed: one or more URLs like leasefence://127.0.0.1:7742";
             return Err(Invalid::new("server", allowed).into());
@@ -225,7 +231,7 @@ impl FrameClient {
         limit: Duration,
         safety: Safety,
     ) -> Result<Response, ClientError> {
-        let deadline = Instant::now() + limit;
+        let deadline = deadline_after(limit);
         let known = self.inner.endpoints.len();
         let rounds = u32::try_from(known).unwrap_or(u32::MAX);
         let mut backoff = BACKOFF_MIN;
@@ -358,4 +364,13 @@ fn server(message: &str) -> ClientError {
 
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The moment `limit` from now. A limit past what the clock can hold (a
+/// `Duration::MAX` wait: "forever") is a deadline a century away, not a
+/// panic: the coordinator bounds every wait anyway.
+fn deadline_after(limit: Duration) -> Instant {
+    const FAR: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    let now = Instant::now();
+    now.checked_add(limit).unwrap_or_else(|| now + FAR)
 }

@@ -139,9 +139,13 @@ async fn conformance(c: &impl Calls, prefix: &str) {
     let second = c.acquire(&r, None, Duration::ZERO).await.expect("granted again");
     assert_eq!(second.token.get(), 2, "tokens never repeat");
     let bad = resource(&format!("{prefix}/bad"));
-    match c.acquire(&bad, Some(&w1), Duration::from_secs(3600)).await {
-        Err(ClientError::Lease(LeaseError::Invalid(e))) => assert_eq!(e.field(), "wait_ms", "{e}"),
-        other => panic!("expected an invalid wait, got {other:?}"),
+    // An hour is over the coordinator's longest wait; so is "forever", which
+    // the client must send as it is rather than fail on before it sends.
+    for wait in [Duration::from_secs(3600), Duration::MAX] {
+        match c.acquire(&bad, Some(&w1), wait).await {
+            Err(ClientError::Lease(LeaseError::Invalid(e))) => assert_eq!(e.field(), "wait_ms", "{e}"),
+            other => panic!("expected an invalid wait for {wait:?}, got {other:?}"),
+        }
     }
     assert_eq!(c.release(&r, &second.lease_id).await.expect("released").get(), 2);
 }
@@ -232,6 +236,13 @@ async fn access_control_refuses_at_connect_and_per_resource() {
         FrameClient::connect(&url, wrong).await,
         Err(ClientError::Refused { kind, .. }) if kind == "unauthenticated"
     ));
+    // A frame carries 8 KiB of a string: a longer token is refused before
+    // anything is sent, rather than cut to a prefix the coordinator checks.
+    let long = format!("tok-alice{}", "x".repeat(8 * 1024));
+    match FrameClient::connect(&url, ClientOptions::default().with_token(long)).await {
+        Err(ClientError::Invalid(e)) => assert_eq!(e.field(), "token", "{e}"),
+        other => panic!("expected an invalid token, got {other:?}"),
+    }
     let alice = FrameClient::connect(&url, ClientOptions::default().with_token("tok-alice"))
         .await
         .expect("alice");
