@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use common::{POSTGRES_URL, fence, service_url, unique_resource};
+use common::{POSTGRES_URL, fence, own_install, service_url, unique_resource};
 use leasefence_arbiter::postgres::{self, SQLSTATE_INVALID, SQLSTATE_STALE, Schema, with_fence};
 use leasefence_arbiter::targets::PostgresTarget;
 use leasefence_arbiter::{ArbiterError, FenceMode, ResourceId};
@@ -390,12 +390,7 @@ async fn prepared_admit_fails_on_another_connection_and_refuses_big_tokens() {
 async fn install_upgrades_v1_refuses_newer_and_ignores_callers_search_path() {
     let Some(url) = service_url(POSTGRES_URL) else { return };
     let mut c = postgres::connect(&url).await.expect("connect");
-    let schema = format!("lf_install_{:016x}", getrandom::u64().expect("os randomness"));
-    c.batch_execute(&format!("CREATE SCHEMA {schema}"))
-        .await
-        .expect("schema");
-    let s = Schema::new(&schema).expect("valid name");
-    s.install(&mut c).await.expect("fresh install");
+    let (schema, s) = own_install(&mut c, "lf_install").await;
 
     // What version 1 left behind: the function pinned with SET search_path,
     // CHECK constraints on the fence table.
@@ -472,4 +467,39 @@ async fn install_upgrades_v1_refuses_newer_and_ignores_callers_search_path() {
     c.batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
         .await
         .expect("drop schema");
+}
+
+/// An install changed by hand so that its columns no longer have the types
+/// the helpers read (a version column made text, a last token made
+/// numeric) gives an error that says so, not a panic in the caller.
+#[tokio::test]
+async fn an_install_altered_by_hand_is_an_error_not_a_panic() {
+    let Some(url) = service_url(POSTGRES_URL) else { return };
+    let mut c = postgres::connect(&url).await.expect("connect");
+    let (schema, s) = own_install(&mut c, "lf_altered").await;
+    let r = unique_resource("altered");
+    c.batch_execute(&format!(
+        "INSERT INTO {schema}.leasefence_fences (resource, last_token, mode) VALUES ('{r}', 7, 'strict');
+         ALTER TABLE {schema}.leasefence_schema_version ALTER COLUMN version TYPE text;
+         ALTER TABLE {schema}.leasefence_fences ALTER COLUMN last_token TYPE numeric"
+    ))
+    .await
+    .expect("alter the install");
+    for (what, res) in [
+        (
+            "installed_version",
+            s.installed_version(&c).await.map(|v| format!("{v:?}")),
+        ),
+        ("last_token", s.last_token(&c, &r).await.map(|t| format!("{t:?}"))),
+    ] {
+        match res {
+            Err(ArbiterError::Postgres(e)) => {
+                assert!(e.to_string().contains("error deserializing column 0"), "{what}: {e}");
+            }
+            other => panic!("{what}: expected a PostgreSQL error, got {other:?}"),
+        }
+    }
+    c.batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+        .await
+        .expect("drop");
 }

@@ -5,8 +5,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::{POSTGRES_URL, fence, service_url, unique_resource};
-use leasefence_arbiter::postgres::{self, Once, Schema};
+use common::{POSTGRES_URL, fence, own_install, service_url, unique_resource};
+use leasefence_arbiter::postgres::{self, Once};
 use leasefence_arbiter::{ArbiterError, Fence, FenceMode};
 use tokio_postgres::Client;
 
@@ -169,12 +169,7 @@ async fn keys_out_of_bounds_are_refused_and_old_claims_can_be_pruned() {
 #[tokio::test]
 async fn installing_over_version_3_adds_the_consumed_table() {
     let Some(mut c) = client().await else { return };
-    let schema = format!("lf_dedup_install_{:016x}", getrandom::u64().expect("os randomness"));
-    c.batch_execute(&format!("CREATE SCHEMA {schema}"))
-        .await
-        .expect("schema");
-    let s = Schema::new(&schema).expect("valid");
-    s.install(&mut c).await.expect("install");
+    let (schema, s) = own_install(&mut c, "lf_dedup_install").await;
     c.batch_execute(&format!(
         "DROP TABLE {schema}.leasefence_consumed;
          UPDATE {schema}.leasefence_schema_version SET version = 3 WHERE component = 'arbiter'"

@@ -92,7 +92,7 @@ impl Schema {
                 &[&self.name()],
             )
             .await?
-            .get(0);
+            .try_get(0)?;
         if !exists {
             let message = format!(
                 "schema {:?} does not exist in this database: create it first (CREATE SCHEMA), or install into another",
@@ -119,7 +119,7 @@ impl Schema {
                 &[&self.name()],
             )
             .await?
-            .get(0);
+            .try_get(0)?;
         if !exists {
             return Ok(None);
         }
@@ -128,7 +128,7 @@ impl Schema {
             self.qualify("leasefence_schema_version")
         );
         let row = client.query_opt(&sql, &[]).await?;
-        Ok(row.map(|r| r.get(0)))
+        Ok(row.map(|r| r.try_get(0)).transpose()?)
     }
 
     /// The statement [`admit`] sends and [`PreparedAdmit`] prepares.
@@ -230,7 +230,7 @@ impl Schema {
     pub async fn remove_fence_key(&self, client: &impl GenericClient, key_id: &str) -> Result<bool, ArbiterError> {
         let sql = format!("SELECT {}($1)", self.qualify("leasefence_fence_key_remove"));
         let row = client.query_one(&sql, &[&key_id]).await.map_err(|e| self.classify(e))?;
-        Ok(row.get(0))
+        Ok(row.try_get(0)?)
     }
 
     /// [`fence_key_ids`](super::fence_key_ids) in this schema.
@@ -240,7 +240,7 @@ impl Schema {
             self.qualify("leasefence_fence_keys")
         );
         let rows = client.query(&sql, &[]).await.map_err(|e| self.classify(e))?;
-        Ok(rows.into_iter().map(|r| r.get(0)).collect())
+        Ok(rows.iter().map(|r| r.try_get(0)).collect::<Result<_, _>>()?)
     }
 
     /// [`last_token`] in this schema.
@@ -257,7 +257,8 @@ impl Schema {
             .query_opt(&sql, &[&resource.as_str()])
             .await
             .map_err(|e| self.classify(e))?;
-        row.map(|r| token_from_i64(BACKEND, r.get(0))).transpose()
+        let last = row.map(|r| r.try_get(0)).transpose()?;
+        last.map(|t| token_from_i64(BACKEND, t)).transpose()
     }
 
     /// [`with_fence`] in this schema.

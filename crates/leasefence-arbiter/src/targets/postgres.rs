@@ -215,7 +215,7 @@ impl ConformanceTarget for PostgresTarget {
         let client = self.pool.get().await?;
         let q = format!("SELECT value FROM {} WHERE resource = $1 AND key = $2", self.kv);
         let row = client.query_opt(&q, &[&resource.as_str(), &key]).await?;
-        Ok(row.map(|r| r.get(0)))
+        Ok(row.map(|r| r.try_get(0)).transpose()?)
     }
 
     async fn last_token(&self, resource: &ResourceId) -> Result<Option<Token>, ArbiterError> {
@@ -227,7 +227,7 @@ impl ConformanceTarget for PostgresTarget {
         let client = self.pool.get().await?;
         let q = format!("SELECT tokens FROM {} WHERE resource = $1", self.history);
         let row = client.query_opt(&q, &[&resource.as_str()]).await?;
-        let tokens: Vec<i64> = row.map(|r| r.get(0)).unwrap_or_default();
+        let tokens: Vec<i64> = row.map(|r| r.try_get(0)).transpose()?.unwrap_or_default();
         tokens.into_iter().map(|v| token_from_i64("postgres", v)).collect()
     }
 

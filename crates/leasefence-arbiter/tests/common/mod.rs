@@ -25,6 +25,21 @@ pub fn service_url(var: &str) -> Option<String> {
     }
 }
 
+/// A schema of its own, `{prefix}_{random}`, with the arbiter installed in
+/// it, so that a test may alter that install without disturbing the others':
+/// its name and handle.
+#[cfg(feature = "postgres")]
+pub async fn own_install(
+    c: &mut tokio_postgres::Client,
+    prefix: &str,
+) -> (String, leasefence_arbiter::postgres::Schema) {
+    let name = format!("{prefix}_{:016x}", getrandom::u64().expect("os randomness"));
+    c.batch_execute(&format!("CREATE SCHEMA {name}")).await.expect("schema");
+    let schema = leasefence_arbiter::postgres::Schema::new(&name).expect("valid name");
+    schema.install(c).await.expect("fresh install");
+    (name, schema)
+}
+
 /// Creates pgcrypto in `public` under the installer's lock (two concurrent
 /// `CREATE EXTENSION IF NOT EXISTS` can collide), so that a keyed schema
 /// dropped after its test leaves it to other installs.
