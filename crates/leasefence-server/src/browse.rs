@@ -51,10 +51,10 @@ pub(crate) fn status_json(s: &ResourceStatus) -> Value {
     })
 }
 
-type Params = Result<Query<Vec<(String, String)>>, QueryRejection>;
+pub(crate) type Params = Result<Query<Vec<(String, String)>>, QueryRejection>;
 
 /// The query's parameters, each at most once and each one of `allowed`.
-fn params(query: Params, allowed: &[&'static str]) -> Result<Vec<(&'static str, String)>, Invalid> {
+pub(crate) fn params(query: Params, allowed: &[&'static str]) -> Result<Vec<(&'static str, String)>, Invalid> {
     let Query(pairs) = query.map_err(|e| Invalid::new("query", e.body_text()))?;
     let mut out: Vec<(&'static str, String)> = Vec::new();
     for (key, value) in pairs {
@@ -70,7 +70,7 @@ fn params(query: Params, allowed: &[&'static str]) -> Result<Vec<(&'static str, 
     Ok(out)
 }
 
-fn param<'a>(params: &'a [(&'static str, String)], name: &str) -> Option<&'a str> {
+pub(crate) fn param<'a>(params: &'a [(&'static str, String)], name: &str) -> Option<&'a str> {
     params.iter().find(|(k, _)| *k == name).map(|(_, v)| v.as_str())
 }
 

@@ -6,7 +6,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
-use leasefence_core::{Grant, LeaseError};
+use leasefence_core::{Grant, LeaseError, LeaseId, ResourceId};
 use leasefence_proto::error_to_status;
 use leasefence_proto::v1::leases_server::{Leases, LeasesServer};
 use leasefence_proto::v1::{self as pb};
@@ -122,8 +122,10 @@ impl Leases for GrpcLeases {
 
     async fn renew(&self, request: Request<pb::RenewRequest>) -> Result<Response<pb::Lease>, Status> {
         let caller = self.caller(&request)?;
+        // Checked before the engine is asked for, as every other call is.
+        let (resource, id) = renewal(&caller, request.get_ref())?;
         let engine = self.engine()?;
-        let lease = renew_one(&self.node, &engine, &caller, request.get_ref()).await?;
+        let lease = renew_checked(&self.node, &engine, &caller, &resource, &id).await?;
         Ok(Response::new(lease))
     }
 
@@ -285,18 +287,34 @@ fn watch_stream(
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
-/// One renewal, alone or on the keep-alive stream.
+/// One renewal on the keep-alive stream.
 async fn renew_one(
     node: &Node,
     engine: &Arc<Engine>,
     caller: &Caller,
     r: &pb::RenewRequest,
 ) -> Result<pb::Lease, Status> {
+    let (resource, id) = renewal(caller, r)?;
+    renew_checked(node, engine, caller, &resource, &id).await
+}
+
+/// A renewal's resource and lease id, read and allowed for `caller`.
+fn renewal(caller: &Caller, r: &pb::RenewRequest) -> Result<(ResourceId, LeaseId), Status> {
     let resource = wire::resource(&r.resource).map_err(invalid)?;
     let id = wire::lease_id(&r.lease_id).map_err(invalid)?;
     caller.check(Verb::Acquire, &resource).map_err(auth)?;
+    Ok((resource, id))
+}
+
+async fn renew_checked(
+    node: &Node,
+    engine: &Arc<Engine>,
+    caller: &Caller,
+    resource: &ResourceId,
+    id: &LeaseId,
+) -> Result<pb::Lease, Status> {
     let grant = engine
-        .renew_as(&resource, &id, caller.principal())
+        .renew_as(resource, id, caller.principal())
         .await
         .map_err(status)?;
     Ok(lease(node, engine, &grant))

@@ -34,13 +34,12 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use leasefence_core::{Grant, Invalid, LeaseError};
 use metrics_exporter_prometheus::PrometheusHandle;
-use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::auth::{Access, Caller};
@@ -223,11 +222,6 @@ async fn payload_too_large(response: Response) -> Response {
     .into_response()
 }
 
-#[derive(Deserialize)]
-struct StatusQuery {
-    resource: Option<String>,
-}
-
 pub(crate) struct Failure(pub(crate) StatusCode, pub(crate) Value);
 
 impl IntoResponse for Failure {
@@ -316,27 +310,31 @@ fn lease_json(node: &Node, engine: &Engine, g: &Grant) -> Value {
     lease
 }
 
+// Each call reads and checks its request before it asks for the engine, as
+// the gRPC and frame edges do: a request wrong in itself, or not allowed, is
+// refused as such on a standby too rather than sent on to the leader.
+
 async fn acquire(State(node): State<Arc<Node>>, caller: Caller, body: Bytes) -> Result<axum::Json<Value>, Failure> {
-    let engine = node.engine()?;
     let mut req = wire::acquire_json(&body)?;
     caller.check(Verb::Acquire, &req.resource)?;
     req.holder = caller.holder(req.holder)?;
+    let engine = node.engine()?;
     let grant = engine.acquire_limited(req, caller.limit()).await?;
     Ok(axum::Json(lease_json(&node, &engine, &grant)))
 }
 
 async fn renew(State(node): State<Arc<Node>>, caller: Caller, body: Bytes) -> Result<axum::Json<Value>, Failure> {
-    let engine = node.engine()?;
     let (resource, lease_id) = wire::lease_json(&body)?;
     caller.check(Verb::Acquire, &resource)?;
+    let engine = node.engine()?;
     let grant = engine.renew_as(&resource, &lease_id, caller.principal()).await?;
     Ok(axum::Json(lease_json(&node, &engine, &grant)))
 }
 
 async fn release(State(node): State<Arc<Node>>, caller: Caller, body: Bytes) -> Result<axum::Json<Value>, Failure> {
-    let engine = node.engine()?;
     let (resource, lease_id) = wire::lease_json(&body)?;
     caller.check(Verb::Acquire, &resource)?;
+    let engine = node.engine()?;
     let token = engine.release_as(&resource, &lease_id, caller.principal()).await?;
     Ok(axum::Json(
         json!({ "resource": resource.as_str(), "token": token.get(), "released": true }),
@@ -346,10 +344,10 @@ async fn release(State(node): State<Arc<Node>>, caller: Caller, body: Bytes) -> 
 async fn status(
     State(node): State<Arc<Node>>,
     caller: Caller,
-    query: Result<Query<StatusQuery>, axum::extract::rejection::QueryRejection>,
+    query: crate::browse::Params,
 ) -> Result<axum::Json<Value>, Failure> {
-    let resource = query.ok().and_then(|Query(q)| q.resource).unwrap_or_default();
-    let resource = wire::resource(&resource)?;
+    let params = crate::browse::params(query, &["resource"])?;
+    let resource = wire::resource(crate::browse::param(&params, "resource").unwrap_or_default())?;
     caller.check(Verb::Read, &resource)?;
     let s = node.engine()?.status(&resource).await?;
     Ok(axum::Json(crate::browse::status_json(&s)))
@@ -361,10 +359,9 @@ async fn force_release(
     caller: Caller,
     body: Bytes,
 ) -> Result<axum::Json<Value>, Failure> {
-    let engine = node.engine()?;
     let resource = wire::resource_json(&body)?;
     caller.check(Verb::Admin, &resource)?;
-    let ended = engine.force_release(&resource).await?;
+    let ended = node.engine()?.force_release(&resource).await?;
     caller.audit_force_release(&resource, ended);
     Ok(axum::Json(json!({
         "resource": resource.as_str(),

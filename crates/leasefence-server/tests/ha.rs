@@ -110,6 +110,26 @@ async fn one_coordinator_grants_the_other_points_to_it() {
         .get("leasefence-leader")
         .and_then(|v| v.to_str().ok());
     assert_eq!(hint, Some(a.url.as_str()));
+    // A request wrong in itself is refused as wrong, on every edge alike,
+    // before a standby says where the leader is: retrying it there would
+    // only be refused again.
+    for (path, bad) in [
+        ("/v1/acquire", json!({ "resource": "", "ttl_ms": 60_000 })),
+        ("/v1/renew", json!({ "resource": "ha/1", "lease_id": "zz" })),
+        ("/v1/release", json!({ "resource": "ha/1", "lease_id": "zz" })),
+        ("/v1/force-release", json!({ "resource": "" })),
+    ] {
+        let (code, body) = post(&b.url, path, bad).await;
+        assert_eq!((code, body["error"].as_str()), (400, Some("invalid")), "{path}: {body}");
+    }
+    let refused = grpc
+        .renew(leasefence_proto::v1::RenewRequest {
+            resource: "ha/1".into(),
+            lease_id: "zz".into(),
+        })
+        .await
+        .expect_err("a malformed lease id");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
     b.shutdown().await;
     a.shutdown().await;
 }

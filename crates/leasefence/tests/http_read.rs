@@ -190,3 +190,40 @@ async fn the_listing_pages_through_every_resource_in_name_order() {
     assert_eq!(seen, names, "every resource under the prefix, once, in order");
     assert_eq!(pages, 7, "25 resources, 4 a page");
 }
+
+#[tokio::test]
+async fn a_status_query_says_what_is_wrong_with_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Coordinator::start(dir.path(), &[]);
+    acquire(&c.url, "q/1", 60_000).await;
+    let ok = reqwest::get(format!("{}/v1/status?resource=q/1", c.url))
+        .await
+        .expect("status");
+    assert_eq!(ok.status(), 200);
+    // Each refused as the listing and the watch refuse the same mistakes,
+    // saying which parameter and why; none answered for a resource the
+    // caller did not name.
+    for (query, field, says) in [
+        ("resource=q/1&bogus=1", "query", "unknown parameter \"bogus\""),
+        ("resourse=q/1", "query", "unknown parameter \"resourse\""),
+        ("resource=q/1&resource=q/2", "resource", "given more than once"),
+        ("", "resource", "empty"),
+    ] {
+        let resp = reqwest::get(format!("{}/v1/status?{query}", c.url))
+            .await
+            .expect("status");
+        let code = resp.status().as_u16();
+        let body: Value = resp.json().await.expect("json");
+        assert_eq!(
+            (code, body["error"].as_str()),
+            (400, Some("invalid")),
+            "?{query}: {body}"
+        );
+        let message = body["message"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with(&format!("invalid {field}: ")),
+            "?{query}: {message}"
+        );
+        assert!(message.contains(says), "?{query}: {message}");
+    }
+}
