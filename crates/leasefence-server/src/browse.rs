@@ -168,9 +168,9 @@ async fn watch(
     } else {
         caller.check(Verb::Read, &wire::resource(&filter.resource)?)?;
     }
-    let slot = access.watching(&caller)?;
-    let after = number(&params, "after_revision")?;
     let coordinator_id = param(&params, "coordinator_id").unwrap_or_default();
+    let after = wire::resume(number(&params, "after_revision")?, coordinator_id)?;
+    let slot = access.watching(&caller)?;
     let engine = node.engine()?;
     engine.health()?;
     let sub = engine.watch(&filter, after, coordinator_id).map_err(|e| {

@@ -195,6 +195,7 @@ impl Leases for GrpcLeases {
         if r.prefix {
             caller.check_prefix(Verb::Read, &r.resource).map_err(auth)?;
         }
+        let after = wire::resume(r.after_revision, &r.coordinator_id).map_err(invalid)?;
         let filter = Filter {
             resource: r.resource,
             prefix: r.prefix,
@@ -202,12 +203,10 @@ impl Leases for GrpcLeases {
         let engine = self.engine()?;
         engine.health().map_err(status)?;
         let slot = self.access.watching(&caller).map_err(auth)?;
-        let sub = engine
-            .watch(&filter, r.after_revision, &r.coordinator_id)
-            .map_err(|e| match e {
-                WatchError::Unavailable(msg) => Status::unavailable(msg),
-                e => Status::failed_precondition(e.to_string()),
-            })?;
+        let sub = engine.watch(&filter, after, &r.coordinator_id).map_err(|e| match e {
+            WatchError::Unavailable(msg) => Status::unavailable(msg),
+            e => Status::failed_precondition(e.to_string()),
+        })?;
         Ok(Response::new(watch_stream(sub, filter, engine.stopping(), slot)))
     }
 

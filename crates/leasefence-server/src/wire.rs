@@ -44,6 +44,25 @@ pub fn acquire(f: AcquireFields<'_>) -> Result<Acquire, Invalid> {
     })
 }
 
+/// Where a watch resumes. Revisions count per coordinator process, so a
+/// resume after revision N > 0 must name the coordinator that numbered it
+/// (the `coordinator_id` of the last event seen): without it, the revision N
+/// of a coordinator that restarted, or of a new leader, would be taken for
+/// the old one's, and events lost or repeated. After 0 (everything this
+/// coordinator still has) resumes nothing and needs none.
+pub fn resume(after_revision: Option<u64>, coordinator_id: &str) -> Result<Option<u64>, Invalid> {
+    match after_revision {
+        Some(n) if n > 0 && coordinator_id.is_empty() => Err(Invalid::new(
+            "coordinator_id",
+            format!(
+                "required to resume after revision {n}: give the coordinator_id of the last event seen \
+                 (revisions count per coordinator process)"
+            ),
+        )),
+        _ => Ok(after_revision),
+    }
+}
+
 pub fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

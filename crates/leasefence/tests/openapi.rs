@@ -212,6 +212,7 @@ async fn every_documented_operation_answers_as_documented() {
     for (q, code) in [
         ("prefix=a&resource=b", 400),
         ("after_revision=999999", 400),
+        ("after_revision=1", 400),
         ("after_revision=x", 400),
         ("after_revision=0&coordinator_id=another", 410),
         ("bogus=1", 400),

@@ -108,7 +108,7 @@ async fn two_watchers_see_every_transition_in_order_across_a_reconnect() {
 }
 
 #[tokio::test]
-async fn resuming_against_another_coordinator_or_the_future_is_refused() {
+async fn resuming_without_a_coordinator_against_another_or_the_future_is_refused() {
     let server = common::in_process().await;
     let url = server.url.clone();
     let mut c = LeasesClient::connect(url).await.expect("connect");
@@ -118,7 +118,23 @@ async fn resuming_against_another_coordinator_or_the_future_is_refused() {
         .expect_err("restarted");
     assert_eq!(e.code(), Code::FailedPrecondition);
     assert!(e.message().contains("restarted"), "{}", e.message());
-    let e = c.watch(watch_req(Some(99), "")).await.expect_err("future");
+    // A resume names the coordinator whose revision it gives: without one,
+    // another coordinator's revision 1 would be taken for this one's.
+    let e = c.watch(watch_req(Some(1), "")).await.expect_err("whose revision");
+    assert_eq!(e.code(), Code::InvalidArgument, "{}", e.message());
+    assert!(e.message().contains("coordinator_id"), "{}", e.message());
+    let mut live = c.clone().watch(watch_req(None, "")).await.expect("watch").into_inner();
+    c.acquire(pb::AcquireRequest {
+        resource: "w/now".into(),
+        ttl_ms: 10_000,
+        holder: "t".into(),
+        wait_ms: 0,
+        lock_delay_ms: 0,
+    })
+    .await
+    .expect("acquire");
+    let id = read_n(&mut live, 1, &mut Seen::new()).await;
+    let e = c.watch(watch_req(Some(99), &id)).await.expect_err("future");
     assert_eq!(e.code(), Code::FailedPrecondition);
     let bad = pb::WatchRequest {
         resource: String::new(),
