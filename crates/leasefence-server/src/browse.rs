@@ -15,8 +15,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{Extension, Query, State};
+use axum::extract::{Extension, RawQuery, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -51,13 +50,23 @@ pub(crate) fn status_json(s: &ResourceStatus) -> Value {
     })
 }
 
-pub(crate) type Params = Result<Query<Vec<(String, String)>>, QueryRejection>;
+/// A request's query string, read by [`params`].
+pub(crate) type Params = RawQuery;
 
 /// The query's parameters, each at most once and each one of `allowed`.
-pub(crate) fn params(query: Params, allowed: &[&'static str]) -> Result<Vec<(&'static str, String)>, Invalid> {
-    let Query(pairs) = query.map_err(|e| Invalid::new("query", e.body_text()))?;
+pub(crate) fn params(
+    RawQuery(query): Params,
+    allowed: &[&'static str],
+) -> Result<Vec<(&'static str, String)>, Invalid> {
     let mut out: Vec<(&'static str, String)> = Vec::new();
-    for (key, value) in pairs {
+    for pair in query
+        .as_deref()
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let (key, value) = (decode(key)?, decode(value)?);
         let Some(&name) = allowed.iter().find(|a| **a == key) else {
             let message = format!("unknown parameter {key:?}; allowed: {}", allowed.join(", "));
             return Err(Invalid::new("query", message));
@@ -68,6 +77,18 @@ pub(crate) fn params(query: Params, allowed: &[&'static str]) -> Result<Vec<(&'s
         out.push((name, value));
     }
     Ok(out)
+}
+
+/// One part of a query as forms encode it: `+` a space, `%XX` a byte. By
+/// hand over `percent-encoding` because axum's `Query` (serde_urlencoded)
+/// puts U+FFFD where the bytes are not UTF-8, and would look up a name the
+/// caller never gave instead of refusing it.
+fn decode(part: &str) -> Result<String, Invalid> {
+    let spaced = part.replace('+', " ");
+    percent_encoding::percent_decode_str(&spaced)
+        .decode_utf8()
+        .map(|s| s.into_owned())
+        .map_err(|_| Invalid::new("query", format!("{part:?} is not UTF-8 once percent-decoded")))
 }
 
 pub(crate) fn param<'a>(params: &'a [(&'static str, String)], name: &str) -> Option<&'a str> {

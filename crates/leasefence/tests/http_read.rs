@@ -208,6 +208,8 @@ async fn a_status_query_says_what_is_wrong_with_it() {
         ("resourse=q/1", "query", "unknown parameter \"resourse\""),
         ("resource=q/1&resource=q/2", "resource", "given more than once"),
         ("", "resource", "empty"),
+        // Not a name with U+FFFD in it: no name at all.
+        ("resource=q%FF", "query", "not UTF-8"),
     ] {
         let resp = reqwest::get(format!("{}/v1/status?{query}", c.url))
             .await

@@ -202,6 +202,7 @@ async fn every_documented_operation_answers_as_documented() {
         ("bogus=1", 400),
         ("after=", 400),
         ("prefix=%01", 400),
+        ("prefix=oa%FF", 400),
         (&*format!("prefix={long}"), 400),
     ] {
         cases.push(case("GET", format!("/v1/resources?{q}"), None, code));
