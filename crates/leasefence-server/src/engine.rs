@@ -252,6 +252,11 @@ impl Engine {
         let (outcome, barrier, waiter_rx) = {
             let mut inner = self.lock();
             self.live(&inner)?;
+            // A request wrong in itself is refused as such before any limit:
+            // waiting under the limit would not make it right.
+            let config = inner.machine.config();
+            config.check_ttl(req.ttl).map_err(LeaseError::Invalid)?;
+            config.check_lock_delay(req.lock_delay).map_err(LeaseError::Invalid)?;
             // Expiries due are settled first, so that the counts are current.
             let refused = limit.as_ref().and_then(|l| {
                 let now = self.now();

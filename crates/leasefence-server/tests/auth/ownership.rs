@@ -182,6 +182,15 @@ async fn limits_refuse_with_429_naming_the_limit_and_its_value() {
         (429, Some("limit_exceeded"), Some("leases-per-principal-max"), Some(3)),
         "{v}"
     );
+    // A request wrong in itself is refused as wrong, at the limit or not:
+    // waiting for a lease of hers to end would not make it right.
+    for bad in [
+        json!({ "resource": "jobs/l9", "ttl_ms": 0 }),
+        json!({ "resource": "jobs/l9", "ttl_ms": 1000, "lock_delay_ms": u64::MAX }),
+    ] {
+        let (code, v) = s.post(Some(ALICE), "/v1/acquire", bad).await;
+        assert_eq!((code, v["error"].as_str()), (400, Some("invalid")), "{v}");
+    }
     // Bob is not limited by alice's count; his second waiter is refused.
     let http = s.http.clone();
     let url = format!("{}/v1/acquire", s.base);
