@@ -47,13 +47,7 @@ impl Client {
             holder: Holder::new(&l.holder).map_err(|_| bad("holder"))?,
             ttl: Duration::from_millis(l.ttl_ms),
             expires_in: Duration::from_millis(l.expires_in_ms),
-            signature: match l.signature.as_str() {
-                "" => None,
-                s => {
-                    leasefence_core::signing::split_signature(s).map_err(|_| bad("signature"))?;
-                    Some(l.signature)
-                }
-            },
+            signature: lease_signature(l.signature)?,
         })
     }
 
@@ -235,4 +229,16 @@ pub(crate) fn status_error(resource: &ResourceId, s: &tonic::Status) -> Option<C
         });
     }
     (classify(s) == Failure::Final).then(|| ClientError::Server(s.to_string()))
+}
+
+/// A lease's signature as a coordinator sent it, over either transport: none
+/// when empty, else it must have the shape of one (`v1.<key id>.<64 hex
+/// digits>`) before a worker carries it to an arbiter.
+pub(crate) fn lease_signature(signature: String) -> Result<Option<String>, ClientError> {
+    if signature.is_empty() {
+        return Ok(None);
+    }
+    leasefence_core::signing::split_signature(&signature)
+        .map_err(|_| ClientError::Server("coordinator sent a malformed lease: signature".into()))?;
+    Ok(Some(signature))
 }

@@ -350,7 +350,7 @@ fn lease_info(resource: &ResourceId, answer: Response) -> Result<LeaseInfo, Clie
         holder: Holder::new(&holder).map_err(|_| server("malformed holder"))?,
         ttl: Duration::from_millis(ttl_ms),
         expires_in: Duration::from_millis(expires_in_ms),
-        signature: Some(signature).filter(|s| !s.is_empty()),
+        signature: crate::calls::lease_signature(signature)?,
     })
 }
 
@@ -373,4 +373,34 @@ fn deadline_after(limit: Duration) -> Instant {
     const FAR: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
     let now = Instant::now();
     now.checked_add(limit).unwrap_or_else(|| now + FAR)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(signature: &str) -> Response {
+        Response::Lease {
+            token: 1,
+            lease_id: LeaseId::from_bytes([1; 16]),
+            holder: "w".into(),
+            ttl_ms: 1000,
+            expires_in_ms: 900,
+            signature: signature.into(),
+        }
+    }
+
+    #[test]
+    fn a_lease_whose_signature_is_malformed_is_refused_as_over_grpc() {
+        let r = ResourceId::new("r").expect("resource");
+        assert_eq!(lease_info(&r, lease("")).expect("unsigned").signature, None);
+        let good = format!("v1.k1.{}", "ab".repeat(32));
+        assert_eq!(lease_info(&r, lease(&good)).expect("signed").signature, Some(good));
+        for bad in ["garbage", "v2.k1.00", "v1.k1.00", "v1.K!.00"] {
+            match lease_info(&r, lease(bad)) {
+                Err(ClientError::Server(m)) => assert!(m.contains("malformed lease: signature"), "{bad}: {m}"),
+                other => panic!("{bad}: expected a malformed signature, got {other:?}"),
+            }
+        }
+    }
 }
