@@ -50,51 +50,6 @@ pub(crate) fn status_json(s: &ResourceStatus) -> Value {
     })
 }
 
-/// A request's query string, read by [`params`].
-pub(crate) type Params = RawQuery;
-
-/// The query's parameters, each at most once and each one of `allowed`.
-pub(crate) fn params(
-    RawQuery(query): Params,
-    allowed: &[&'static str],
-) -> Result<Vec<(&'static str, String)>, Invalid> {
-    let mut out: Vec<(&'static str, String)> = Vec::new();
-    for pair in query
-        .as_deref()
-        .unwrap_or_default()
-        .split('&')
-        .filter(|p| !p.is_empty())
-    {
-        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let (key, value) = (decode(key)?, decode(value)?);
-        let Some(&name) = allowed.iter().find(|a| **a == key) else {
-            let message = format!("unknown parameter {key:?}; allowed: {}", allowed.join(", "));
-            return Err(Invalid::new("query", message));
-        };
-        if out.iter().any(|(k, _)| *k == name) {
-            return Err(Invalid::new(name, "given more than once"));
-        }
-        out.push((name, value));
-    }
-    Ok(out)
-}
-
-/// One part of a query as forms encode it: `+` a space, `%XX` a byte. By
-/// hand over `percent-encoding` because axum's `Query` (serde_urlencoded)
-/// puts U+FFFD where the bytes are not UTF-8, and would look up a name the
-/// caller never gave instead of refusing it.
-fn decode(part: &str) -> Result<String, Invalid> {
-    let spaced = part.replace('+', " ");
-    percent_encoding::percent_decode_str(&spaced)
-        .decode_utf8()
-        .map(|s| s.into_owned())
-        .map_err(|_| Invalid::new("query", format!("{part:?} is not UTF-8 once percent-decoded")))
-}
-
-pub(crate) fn param<'a>(params: &'a [(&'static str, String)], name: &str) -> Option<&'a str> {
-    params.iter().find(|(k, _)| *k == name).map(|(_, v)| v.as_str())
-}
-
 /// A prefix is empty (everything) or as valid as a resource name.
 fn prefix(p: Option<&str>) -> Result<String, Invalid> {
     match p {
@@ -105,8 +60,9 @@ fn prefix(p: Option<&str>) -> Result<String, Invalid> {
     }
 }
 
-fn number(params: &[(&'static str, String)], name: &'static str) -> Result<Option<u64>, Invalid> {
-    param(params, name)
+fn number(params: &wire::Query, name: &'static str) -> Result<Option<u64>, Invalid> {
+    params
+        .get(name)
         .map(|v| {
             v.parse::<u64>()
                 .map_err(|_| Invalid::new(name, format!("must be a non-negative integer, got {v:?}")))
@@ -114,11 +70,15 @@ fn number(params: &[(&'static str, String)], name: &'static str) -> Result<Optio
         .transpose()
 }
 
-async fn list(State(node): State<Arc<Node>>, caller: Caller, query: Params) -> Result<axum::Json<Value>, Failure> {
-    let params = params(query, &["prefix", "after", "limit"])?;
-    let prefix = prefix(param(&params, "prefix"))?;
+async fn list(
+    State(node): State<Arc<Node>>,
+    caller: Caller,
+    RawQuery(query): RawQuery,
+) -> Result<axum::Json<Value>, Failure> {
+    let params = wire::query(query.as_deref(), &["prefix", "after", "limit"])?;
+    let prefix = prefix(params.get("prefix"))?;
     caller.check_prefix(Verb::Read, &prefix)?;
-    let after = param(&params, "after").map(wire::resource).transpose()?;
+    let after = params.get("after").map(wire::resource).transpose()?;
     let limit = match number(&params, "limit")? {
         None => LIST_LIMIT_DEFAULT,
         Some(n @ 1..) if n <= LIST_LIMIT_MAX as u64 => n as usize,
@@ -162,8 +122,8 @@ fn line(v: &Value) -> Bytes {
 }
 
 /// Which resources a watch request names: `prefix` (empty: all) or one `resource`.
-fn watch_filter(params: &[(&'static str, String)]) -> Result<Filter, Invalid> {
-    match (param(params, "prefix"), param(params, "resource")) {
+fn watch_filter(params: &wire::Query) -> Result<Filter, Invalid> {
+    match (params.get("prefix"), params.get("resource")) {
         (Some(_), Some(_)) => Err(Invalid::new("query", "give prefix or resource, not both")),
         (None, Some(r)) => Ok(Filter {
             resource: wire::resource(r)?.as_str().to_string(),
@@ -180,16 +140,19 @@ async fn watch(
     State(node): State<Arc<Node>>,
     Extension(access): Extension<Arc<Access>>,
     caller: Caller,
-    query: Params,
+    RawQuery(query): RawQuery,
 ) -> Result<Response, Failure> {
-    let params = params(query, &["prefix", "resource", "after_revision", "coordinator_id"])?;
+    let params = wire::query(
+        query.as_deref(),
+        &["prefix", "resource", "after_revision", "coordinator_id"],
+    )?;
     let filter = watch_filter(&params)?;
     if filter.prefix {
         caller.check_prefix(Verb::Read, &filter.resource)?;
     } else {
         caller.check(Verb::Read, &wire::resource(&filter.resource)?)?;
     }
-    let coordinator_id = param(&params, "coordinator_id").unwrap_or_default();
+    let coordinator_id = params.get("coordinator_id").unwrap_or_default();
     let after = wire::resume(number(&params, "after_revision")?, coordinator_id)?;
     let slot = access.watching(&caller)?;
     let engine = node.engine()?;

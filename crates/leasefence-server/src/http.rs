@@ -34,7 +34,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, RawQuery, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -344,10 +344,10 @@ async fn release(State(node): State<Arc<Node>>, caller: Caller, body: Bytes) -> 
 async fn status(
     State(node): State<Arc<Node>>,
     caller: Caller,
-    query: crate::browse::Params,
+    RawQuery(query): RawQuery,
 ) -> Result<axum::Json<Value>, Failure> {
-    let params = crate::browse::params(query, &["resource"])?;
-    let resource = wire::resource(crate::browse::param(&params, "resource").unwrap_or_default())?;
+    let params = wire::query(query.as_deref(), &["resource"])?;
+    let resource = wire::resource(params.get("resource").unwrap_or_default())?;
     caller.check(Verb::Read, &resource)?;
     let s = node.engine()?.status(&resource).await?;
     Ok(axum::Json(crate::browse::status_json(&s)))

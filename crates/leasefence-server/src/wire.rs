@@ -1,6 +1,6 @@
-//! Validation of wire input into core types, shared by the gRPC and HTTP edges
-//! so both accept and refuse exactly the same requests. Public so that fuzz
-//! targets can drive exactly the code the edges run.
+//! Validation of wire input into core types, shared by the gRPC, HTTP and
+//! frame edges so that all accept and refuse exactly the same requests.
+//! Public so that fuzz targets can drive exactly the code the edges run.
 
 use std::time::Duration;
 
@@ -61,6 +61,47 @@ pub fn resume(after_revision: Option<u64>, coordinator_id: &str) -> Result<Optio
         )),
         _ => Ok(after_revision),
     }
+}
+
+/// The parameters of a `GET` route's query string, read by [`query`].
+pub struct Query(Vec<(&'static str, String)>);
+
+impl Query {
+    /// The value of `name`, if the query gave it.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0.iter().find(|(k, _)| *k == name).map(|(_, v)| v.as_str())
+    }
+}
+
+/// A query string's parameters (`a=1&b=x+y`, as forms encode them), each at
+/// most once and each one of `allowed`.
+pub fn query(raw: Option<&str>, allowed: &[&'static str]) -> Result<Query, Invalid> {
+    let mut out: Vec<(&'static str, String)> = Vec::new();
+    for pair in raw.unwrap_or_default().split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let (key, value) = (decode(key)?, decode(value)?);
+        let Some(&name) = allowed.iter().find(|a| **a == key) else {
+            let message = format!("unknown parameter {key:?}; allowed: {}", allowed.join(", "));
+            return Err(Invalid::new("query", message));
+        };
+        if out.iter().any(|(k, _)| *k == name) {
+            return Err(Invalid::new(name, "given more than once"));
+        }
+        out.push((name, value));
+    }
+    Ok(Query(out))
+}
+
+/// One part of a query as forms encode it: `+` a space, `%XX` a byte. By
+/// hand over `percent-encoding` because axum's `Query` (serde_urlencoded)
+/// puts U+FFFD where the bytes are not UTF-8, and would look up a name the
+/// caller never gave instead of refusing it.
+fn decode(part: &str) -> Result<String, Invalid> {
+    let spaced = part.replace('+', " ");
+    percent_encoding::percent_decode_str(&spaced)
+        .decode_utf8()
+        .map(|s| s.into_owned())
+        .map_err(|_| Invalid::new("query", format!("{part:?} is not UTF-8 once percent-decoded")))
 }
 
 pub fn millis(d: Duration) -> u64 {
@@ -140,4 +181,27 @@ pub fn acquire_proto(r: &leasefence_proto::v1::AcquireRequest) -> Result<Acquire
         wait_ms: r.wait_ms,
         lock_delay_ms: r.lock_delay_ms,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_query_decodes_as_forms_encode_and_refuses_what_it_cannot_read() {
+        let q = query(Some("prefix=a+b%2Fc&&limit=5"), &["prefix", "limit", "after"]).expect("valid");
+        assert_eq!(
+            (q.get("prefix"), q.get("limit"), q.get("after")),
+            (Some("a b/c"), Some("5"), None)
+        );
+        assert_eq!(query(None, &["prefix"]).expect("none").get("prefix"), None);
+        for (raw, field) in [
+            ("limit=1&limit=2", "limit"),
+            ("bogus", "query"),
+            ("prefix=%C3%28", "query"),
+        ] {
+            let e = query(Some(raw), &["prefix", "limit"]).err().expect(raw);
+            assert_eq!(e.field(), field, "{raw}: {e}");
+        }
+    }
 }
