@@ -1,5 +1,6 @@
-//! Any bytes as an HTTP acquire, renew, release or force-release body: decoding never panics,
-//! and whatever it accepts satisfies the documented limits.
+//! Any bytes as an HTTP acquire, renew, release or force-release body, and as a `GET`
+//! route's query string: decoding never panics, and whatever it accepts satisfies the
+//! documented limits.
 #![no_main]
 
 use leasefence_core::{HOLDER_LEN_MAX, RESOURCE_LEN_MAX};
@@ -20,5 +21,11 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(resource) = wire::resource_json(data) {
         let r = resource.as_str();
         assert!(!r.is_empty() && r.len() <= RESOURCE_LEN_MAX && !r.chars().any(char::is_control));
+    }
+    if let Ok(raw) = std::str::from_utf8(data) {
+        // Reading never panics; what it keeps is one of the names allowed.
+        if let Ok(q) = wire::query(Some(raw), &["prefix", "resource", "after", "limit"]) {
+            assert!(q.get("bogus").is_none());
+        }
     }
 });
