@@ -23,9 +23,7 @@ fuzz_target!(|data: &[u8]| {
         assert!(!r.is_empty() && r.len() <= RESOURCE_LEN_MAX && !r.chars().any(char::is_control));
     }
     if let Ok(raw) = std::str::from_utf8(data) {
-        // Reading never panics; what it keeps is one of the names allowed.
-        if let Ok(q) = wire::query(Some(raw), &["prefix", "resource", "after", "limit"]) {
-            assert!(q.get("bogus").is_none());
-        }
+        // Reading never panics (what it keeps is typed to the names allowed).
+        let _ = wire::query(Some(raw), &["prefix", "resource", "after", "limit"]);
     }
 });
