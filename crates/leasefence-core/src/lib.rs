@@ -24,7 +24,7 @@ mod time;
 mod token;
 
 pub use arbiter::{FenceMode, Stale, admit};
-pub use config::Config;
+pub use config::{Config, OutsideBounds};
 pub use coordinator::{
     AcquireOutcome, AcquireRequest, Coordinator, Effect, Grant, HeldStatus, LIST_LIMIT_MAX, ResourcePage,
     ResourceStatus, WaiterId,

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use leasefence_core::{
     AcquireOutcome, AcquireRequest, BusyReason, Config, Coordinator, Effect, Grant, Holder, LeaseError, LeaseId,
-    MonoTime, ResourceId, ResourceStatus, StoredResource, Token, WaiterId,
+    MonoTime, OutsideBounds, ResourceId, ResourceStatus, StoredResource, Token, WaiterId,
 };
 use leasefence_store::{Committer, Seq, StoreError};
 use tokio::sync::{Notify, oneshot};
@@ -79,6 +79,34 @@ pub struct Acquire {
     pub lock_delay: Duration,
 }
 
+/// Tells the operator about recovered terms that today's bounds would refuse:
+/// they are kept as granted (see [`OutsideBounds`]), so a resource may stay
+/// held or closed for longer than the configuration suggests. Counts and
+/// lengths only: no names or lease ids.
+fn warn_outside_bounds(config: &Config, records: &[StoredResource]) {
+    let out = OutsideBounds::of(config, records);
+    if out.ttls > 0 {
+        tracing::warn!(
+            leases = out.ttls,
+            longest_ttl_ms = u64::try_from(out.ttl_longest.as_millis()).unwrap_or(u64::MAX),
+            "recovered leases whose TTL is outside this coordinator's bounds ({}..={} ms): each keeps \
+             the TTL it was granted, on renewals too, until it is released or expires",
+            config.ttl_min().as_millis(),
+            config.ttl_max().as_millis(),
+        );
+    }
+    if out.lease_lock_delays + out.closed > 0 {
+        tracing::warn!(
+            held = out.lease_lock_delays,
+            closed = out.closed,
+            longest_lock_delay_ms = u64::try_from(out.lock_delay_longest.as_millis()).unwrap_or(u64::MAX),
+            "recovered lock-delays over this coordinator's maximum ({} ms): held leases keep theirs for \
+             when they expire, and closed resources stay closed for the whole delay",
+            config.lock_delay_max().as_millis(),
+        );
+    }
+}
+
 impl Engine {
     /// Recovers the machine from `records` (leases held before a restart count
     /// as held for a full TTL from now) and starts the reaper and the task
@@ -101,6 +129,7 @@ impl Engine {
         records: Vec<StoredResource>,
         gate: Option<Arc<LeaderGate>>,
     ) -> Arc<Engine> {
+        warn_outside_bounds(&config, &records);
         let quota = Quota::recover(&records);
         let machine = Coordinator::recover(config, MonoTime::ZERO, records);
         let hub_id = coordinator_id();

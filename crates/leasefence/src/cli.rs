@@ -131,7 +131,8 @@ pub struct ServeArgs {
     /// Shortest TTL a client may ask for.
     #[arg(long, default_value = "100ms", value_parser = parse_duration)]
     pub ttl_min: Duration,
-    /// Longest TTL a client may ask for.
+    /// Longest TTL a client may ask for. Leases granted before it was
+    /// lowered keep their TTL (a warning at start counts them).
     #[arg(long, default_value = "1h", value_parser = parse_duration)]
     pub ttl_max: Duration,
     /// Longest an acquire may wait for a busy resource.

@@ -49,13 +49,30 @@ impl Drop for Coordinator {
 /// Starts `leasefence COMMAND --listen 127.0.0.1:0 --data-dir DIR EXTRA…` and
 /// reads its first line, `PREFIX ADDR …`; returns the child, ADDR and the line.
 pub fn spawn_listening(command: &str, data_dir: &Path, extra: &[&str], prefix: &str) -> (Child, String, String) {
+    spawn_listening_to(command, data_dir, extra, prefix, Stdio::inherit())
+}
+
+/// Like [`spawn_listening`], with the child's warnings piped to its `stderr`
+/// for the test to read once the child has been killed.
+pub fn spawn_listening_logged(command: &str, data_dir: &Path, extra: &[&str], prefix: &str) -> (Child, String) {
+    let (child, addr, _) = spawn_listening_to(command, data_dir, extra, prefix, Stdio::piped());
+    (child, addr)
+}
+
+fn spawn_listening_to(
+    command: &str,
+    data_dir: &Path,
+    extra: &[&str],
+    prefix: &str,
+    stderr: Stdio,
+) -> (Child, String, String) {
     let mut child = Command::new(BIN)
         .args([command, "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(data_dir)
         .args(extra)
         .env("LEASEFENCE_LOG", "warn")
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(stderr)
         .spawn()
         .unwrap_or_else(|e| panic!("spawn leasefence {command}: {e}"));
     let stdout = child.stdout.take().expect("piped stdout");
