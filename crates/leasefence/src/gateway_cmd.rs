@@ -80,6 +80,7 @@ pub async fn run(a: GatewayArgs) -> CmdResult {
     };
     let signed = config.fence_keys().map_or(0, |v| v.keys().len());
     let gateway = Gateway::bind(config).await?;
+    crate::volatile::warn_if_volatile("gateway", &a.data_dir);
     let (temp_files, orphan_blobs) = gateway.swept();
     // Before the listening line: from then on SIGTERM stops it gracefully.
     let shutdown = crate::serve::shutdown_signal();

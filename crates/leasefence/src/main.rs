@@ -27,6 +27,7 @@ mod serve;
 mod serve_config;
 mod store_url;
 mod tty;
+mod volatile;
 mod watch_cmd;
 
 use std::io::IsTerminal;

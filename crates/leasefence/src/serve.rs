@@ -53,7 +53,9 @@ pub async fn run(a: ServeArgs) -> CmdResult {
     let (server, at) = match &a.store {
         None => {
             let at = format!("data dir {}", config.data_dir.display());
-            (Server::bind(config).await?, at)
+            let server = Server::bind(config).await?;
+            crate::volatile::warn_if_volatile("coordinator", &a.data_dir);
+            (server, at)
         }
         Some(url) => {
             let store = StoreUrl::parse(url).map_err(Failure::invalid)?;

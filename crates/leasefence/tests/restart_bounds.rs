@@ -6,10 +6,9 @@
 
 mod common;
 
-use std::io::Read;
 use std::time::Duration;
 
-use common::{Coordinator, ms, spawn_listening_logged};
+use common::{Coordinator, kill_for_logs, ms, spawn_listening_logged};
 use leasefence_client::{Client, LeaseConfig};
 use leasefence_core::ResourceId;
 
@@ -32,7 +31,7 @@ async fn terms_over_lowered_bounds_survive_a_restart_and_are_warned_about() {
     drop(client);
     c.kill();
 
-    let (mut child, addr) = spawn_listening_logged(
+    let (child, addr) = spawn_listening_logged(
         "serve",
         dir.path(),
         &["--ttl-max", "10s", "--lock-delay-max", "2s"],
@@ -53,15 +52,7 @@ async fn terms_over_lowered_bounds_survive_a_restart_and_are_warned_about() {
         .await;
     assert!(refused.is_err(), "a new 60 s lease is over --ttl-max: {refused:?}");
 
-    let _ = child.kill();
-    let _ = child.wait();
-    let mut logs = String::new();
-    child
-        .stderr
-        .take()
-        .expect("stderr")
-        .read_to_string(&mut logs)
-        .expect("read the logs");
+    let logs = kill_for_logs(child);
     assert!(
         logs.contains("TTL is outside this coordinator's bounds (100..=10000 ms)")
             && logs.contains("leases=1")

@@ -59,6 +59,17 @@ pub fn spawn_listening_logged(command: &str, data_dir: &Path, extra: &[&str], pr
     (child, addr)
 }
 
+/// Kills a child of [`spawn_listening_logged`] (SIGKILL) and returns all it logged.
+pub fn kill_for_logs(mut child: Child) -> String {
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut logs = String::new();
+    if let Some(mut stderr) = child.stderr.take() {
+        std::io::Read::read_to_string(&mut stderr, &mut logs).expect("read the child's logs");
+    }
+    logs
+}
+
 fn spawn_listening_to(
     command: &str,
     data_dir: &Path,
