@@ -9,8 +9,8 @@ mod common;
 use std::time::Duration;
 
 use common::{Coordinator, kill_for_logs, ms, spawn_listening_logged};
-use leasefence_client::{Client, LeaseConfig};
-use leasefence_core::ResourceId;
+use leasefence_client::{Client, ClientError, LeaseConfig};
+use leasefence_core::{LeaseError, ResourceId};
 
 #[tokio::test]
 async fn terms_over_lowered_bounds_survive_a_restart_and_are_warned_about() {
@@ -50,7 +50,10 @@ async fn terms_over_lowered_bounds_survive_a_restart_and_are_warned_about() {
             ms(0),
         )
         .await;
-    assert!(refused.is_err(), "a new 60 s lease is over --ttl-max: {refused:?}");
+    assert!(
+        matches!(refused, Err(ClientError::Lease(LeaseError::Invalid(ref i))) if i.field() == "ttl_ms"),
+        "a new 60 s lease is over --ttl-max: {refused:?}"
+    );
 
     let logs = kill_for_logs(child);
     assert!(
