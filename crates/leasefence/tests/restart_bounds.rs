@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Coordinator, kill_for_logs, ms, spawn_listening_logged};
+use common::{Coordinator, ms, spawn_listening_logged};
 use leasefence_client::{Client, ClientError, LeaseConfig};
 use leasefence_core::{LeaseError, ResourceId};
 
@@ -55,7 +55,7 @@ async fn terms_over_lowered_bounds_survive_a_restart_and_are_warned_about() {
         "a new 60 s lease is over --ttl-max: {refused:?}"
     );
 
-    let logs = kill_for_logs(child);
+    let logs = child.logs();
     assert!(
         logs.contains("TTL is outside this coordinator's bounds (100..=10000 ms)")
             && logs.contains("leases=1")

@@ -6,7 +6,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{kill_for_logs, spawn_listening_logged};
+use common::spawn_listening_logged;
 
 const WARNING: &str = "which a reboot empties";
 
@@ -24,7 +24,7 @@ fn shm_is_tmpfs() -> bool {
 
 /// Starts `leasefence COMMAND` on `dir`, stops it, returns what it logged.
 fn logs_of(command: &str, prefix: &str, dir: &Path) -> String {
-    kill_for_logs(spawn_listening_logged(command, dir, &[], prefix).0)
+    spawn_listening_logged(command, dir, &[], prefix).0.logs()
 }
 
 #[test]

@@ -52,22 +52,35 @@ pub fn spawn_listening(command: &str, data_dir: &Path, extra: &[&str], prefix: &
     spawn_listening_to(command, data_dir, extra, prefix, Stdio::inherit())
 }
 
-/// Like [`spawn_listening`], with the child's warnings piped to its `stderr`
-/// for the test to read once the child has been killed.
-pub fn spawn_listening_logged(command: &str, data_dir: &Path, extra: &[&str], prefix: &str) -> (Child, String) {
+/// Like [`spawn_listening`], with the child's warnings piped for the test to
+/// read with [`Logged::logs`].
+pub fn spawn_listening_logged(command: &str, data_dir: &Path, extra: &[&str], prefix: &str) -> (Logged, String) {
     let (child, addr, _) = spawn_listening_to(command, data_dir, extra, prefix, Stdio::piped());
-    (child, addr)
+    (Logged(child), addr)
 }
 
-/// Kills a child of [`spawn_listening_logged`] (SIGKILL) and returns all it logged.
-pub fn kill_for_logs(mut child: Child) -> String {
-    let _ = child.kill();
-    let _ = child.wait();
-    let mut logs = String::new();
-    if let Some(mut stderr) = child.stderr.take() {
-        std::io::Read::read_to_string(&mut stderr, &mut logs).expect("read the child's logs");
+/// A child whose logs a test reads; killed (SIGKILL) on drop, so a failed
+/// assertion does not leave it running.
+pub struct Logged(Child);
+
+impl Logged {
+    /// Kills the child and returns all it logged.
+    pub fn logs(mut self) -> String {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+        let mut logs = String::new();
+        if let Some(mut stderr) = self.0.stderr.take() {
+            std::io::Read::read_to_string(&mut stderr, &mut logs).expect("read the child's logs");
+        }
+        logs
     }
-    logs
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 fn spawn_listening_to(
