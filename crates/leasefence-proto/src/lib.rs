@@ -18,7 +18,11 @@ use tonic::{Code, Status};
 
 /// Metadata key naming the kind of refusal.
 pub const META_ERROR: &str = "leasefence-error";
+/// For busy: the holder, when its name is ASCII a header can carry as text.
 pub const META_HOLDER: &str = "leasefence-holder";
+/// For busy: the holder's name as UTF-8 bytes, when it is not such ASCII (a
+/// `-bin` key: gRPC sends it base64-encoded).
+pub const META_HOLDER_BIN: &str = "leasefence-holder-bin";
 pub const META_TOKEN: &str = "leasefence-token";
 pub const META_EXPIRES_IN_MS: &str = "leasefence-expires-in-ms";
 /// Why busy: `held` or `lock_delay` ([`BusyReason::as_str`]).
@@ -70,10 +74,17 @@ pub fn error_to_status(e: &LeaseError) -> Status {
         ..
     } = e
     {
-        // Holder names have no control characters, but may be non-ASCII: send
-        // them as binary-safe only when they are visible ASCII.
-        if let Ok(v) = holder.as_str().parse() {
-            md.insert(META_HOLDER, v);
+        // Holder names have no control characters, but may be non-ASCII, which
+        // a text header cannot carry: those go as bytes under a `-bin` key.
+        // (A text header would take bytes above 0x7F, but a reader can't read
+        // them back as text.)
+        match holder.as_str().parse() {
+            Ok(v) if holder.as_str().is_ascii() => {
+                md.insert(META_HOLDER, v);
+            }
+            _ => {
+                md.insert_bin(META_HOLDER_BIN, MetadataValue::from_bytes(holder.as_str().as_bytes()));
+            }
         }
         md.insert(META_TOKEN, MetadataValue::from(token.get()));
         md.insert(META_EXPIRES_IN_MS, MetadataValue::from(millis(*expires_in)));
@@ -96,6 +107,10 @@ pub fn status_to_error(resource: &ResourceId, s: &Status) -> Option<LeaseError> 
             resource,
             holder: get(META_HOLDER)
                 .and_then(|h| Holder::new(h).ok())
+                .or_else(|| {
+                    let bytes = md.get_bin(META_HOLDER_BIN)?.to_bytes().ok()?;
+                    Holder::new(std::str::from_utf8(&bytes).ok()?).ok()
+                })
                 .or_else(|| Holder::new("unknown").ok())?,
             token: get(META_TOKEN).and_then(|t| t.parse().ok()).and_then(Token::new)?,
             expires_in: millis(META_EXPIRES_IN_MS)?,
@@ -167,6 +182,21 @@ mod tests {
         assert_eq!(status_to_error(&r, &Status::unavailable("down")), None);
         let bad = LeaseError::Invalid(Invalid::new("ttl_ms", "must be in 100..=200 ms, got 5 ms"));
         assert_eq!(status_to_error(&r, &error_to_status(&bad)), Some(bad));
+    }
+
+    #[test]
+    fn a_busy_holder_that_is_not_visible_ascii_round_trips() {
+        let r = ResourceId::new("orders/1").expect("valid");
+        for name in ["wörker-ü", "team a", "w\u{200B}orker"] {
+            let e = LeaseError::Busy {
+                resource: r.clone(),
+                holder: Holder::new(name).expect("valid"),
+                token: Token::new(2).expect("non-zero"),
+                expires_in: Duration::from_millis(900),
+                reason: BusyReason::Held,
+            };
+            assert_eq!(status_to_error(&r, &error_to_status(&e)), Some(e), "{name:?}");
+        }
     }
 
     #[test]
