@@ -22,7 +22,7 @@ pub enum ArbiterError {
     /// another resource or token). Nothing of the effect happened and no
     /// token was recorded. Not a stale token: retrying with a newer token does
     /// not help, a fence signed by the coordinator does.
-    #[error("fence for {resource} refused: {reason}")]
+    #[error("fence for {} refused: {reason}", resource.shown())]
     BadSignature {
         resource: leasefence_core::ResourceId,
         reason: leasefence_core::signing::SignatureError,
@@ -69,9 +69,10 @@ pub enum ArbiterError {
     /// [`crate::redis::WaitFor`] asked for: a failover now could lose the
     /// write and its token. Read back before retrying.
     #[error(
-        "the fenced write on {resource} was applied on the primary, but {wait} saw {replicas} replica(s) \
+        "the fenced write on {} was applied on the primary, but {wait} saw {replicas} replica(s) \
          acknowledge it{aof}: a failover before the replicas catch up could lose the write and its \
          token",
+        resource.shown(),
         aof = if wait.waits_for_local_aof() && !*local_aof { " and no local AOF fsync" } else { "" }
     )]
     NotAcknowledged {
@@ -86,7 +87,7 @@ pub enum ArbiterError {
     /// A fenced Redis write was applied on the primary, but the wait after it
     /// could not run (`WAITAOF` on a server before 7.2, no reply within the
     /// connection's response timeout, ...).
-    #[error("the fenced write on {resource} was applied on the primary, but {wait} failed: {reason}")]
+    #[error("the fenced write on {} was applied on the primary, but {wait} failed: {reason}", resource.shown())]
     WaitFailed {
         resource: leasefence_core::ResourceId,
         wait: crate::redis::WaitFor,

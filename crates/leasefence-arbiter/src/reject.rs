@@ -50,7 +50,7 @@ pub(crate) fn rejected(backend: &'static str, stale: Stale) -> ArbiterError {
     }
     tracing::info!(
         backend,
-        resource = %stale.resource,
+        resource = %stale.resource.shown(),
         presented = stale.presented.get(),
         current = stale.current.get(),
         "fenced effect rejected: stale token"
@@ -65,7 +65,7 @@ pub(crate) fn refused(backend: &'static str, resource: ResourceId, reason: Signa
     metrics::counter!(SIGNATURE_REFUSALS_METRIC, "backend" => backend, "reason" => reason.reason()).increment(1);
     tracing::warn!(
         backend,
-        resource = %resource,
+        resource = %resource.shown(),
         reason = reason.reason(),
         "fenced effect refused: bad fence signature"
     );

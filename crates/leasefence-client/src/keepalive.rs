@@ -157,7 +157,7 @@ impl KeepAlive {
     /// The stream on `on` broke as `failure`: the next one goes where a
     /// hint says, or to the next coordinator (renewing twice is harmless).
     fn broken(&self, on: &Pick, failure: &Failure) -> StreamEnd {
-        tracing::debug!(url = %on.url, resource = %self.resource, ?failure, "keep-alive stream broken");
+        tracing::debug!(url = %on.url, resource = %self.resource.shown(), ?failure, "keep-alive stream broken");
         let hinted = self.client.coordinators.failed(on.index, failure);
         StreamEnd::Broken { hinted }
     }

@@ -194,7 +194,7 @@ pub enum WithLeaseError {
     #[error(transparent)]
     Acquire(#[from] ClientError),
     /// The lease was lost while the work ran; the work was cancelled (dropped).
-    #[error("lease on {resource} lost while the work ran ({loss}); the work was cancelled")]
+    #[error("lease on {} lost while the work ran ({loss}); the work was cancelled", resource.shown())]
     Lost { resource: ResourceId, loss: Loss },
 }
 
@@ -267,7 +267,7 @@ impl Client {
             out = work(lease.fence()) => out,
         };
         if let Err(e) = lease.release().await {
-            tracing::warn!(resource = %resource, error = %e, "release after the work failed; the lease will expire");
+            tracing::warn!(resource = %resource.shown(), error = %e, "release after the work failed; the lease will expire");
         }
         Ok(out)
     }

@@ -48,7 +48,7 @@ impl FenceMode {
 /// A rejected effect: the token presented is not newer than the one recorded.
 /// A normal outcome, upon which a worker re-reads state.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("stale fencing token for {resource}: presented {presented}, current {current}")]
+#[error("stale fencing token for {}: presented {presented}, current {current}", resource.shown())]
 pub struct Stale {
     pub resource: ResourceId,
     pub presented: Token,

@@ -66,12 +66,16 @@ fn busy_message(
 ) -> String {
     match reason {
         BusyReason::Held => format!(
-            "resource {resource} is held by {holder} (token {token}) for another {} ms",
+            "resource {} is held by {} (token {token}) for another {} ms",
+            resource.shown(),
+            holder.shown(),
             expires_in.as_millis()
         ),
         BusyReason::LockDelay { retry_in } => format!(
-            "resource {resource} is in its lock-delay after the lease of {holder} (token {token}) expired; \
+            "resource {} is in its lock-delay after the lease of {} (token {token}) expired; \
              it can be granted again in {} ms",
+            resource.shown(),
+            holder.shown(),
             retry_in.as_millis()
         ),
     }
@@ -110,17 +114,41 @@ pub enum LeaseError {
     },
     /// The lease id does not name the current, unexpired lease of this resource:
     /// it expired, was released, or never existed. Re-acquire for a higher token.
-    #[error("lease lost: the lease id does not hold {resource} (expired, released or unknown)")]
+    #[error("lease lost: the lease id does not hold {} (expired, released or unknown)", resource.shown())]
     LeaseLost { resource: ResourceId },
     /// The resource already has `max` waiters queued.
-    #[error("resource {resource} already has {max} waiters queued (the limit)")]
+    #[error("resource {} already has {max} waiters queued (the limit)", resource.shown())]
     TooManyWaiters { resource: ResourceId, max: usize },
     /// Every token up to `u64::MAX` has been handed out for this resource.
     #[error(
-        "resource {resource} has used every token up to {}; it cannot be granted again",
+        "resource {} has used every token up to {}; it cannot be granted again",
+        resource.shown(),
         u64::MAX
     )]
     TokensExhausted { resource: ResourceId },
     #[error(transparent)]
     Invalid(#[from] Invalid),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_show_names_without_what_would_hide_or_reorder_text() {
+        let resource = ResourceId::new("jobs/\u{202E}fdp.exe").expect("a valid name");
+        let busy = LeaseError::Busy {
+            resource: resource.clone(),
+            holder: Holder::new("w\u{200B}orker").expect("a valid holder"),
+            token: Token::new(7).expect("a token"),
+            expires_in: Duration::from_millis(1500),
+            reason: BusyReason::Held,
+        };
+        assert_eq!(
+            busy.to_string(),
+            "resource jobs/\\u{202e}fdp.exe is held by w\\u{200b}orker (token 7) for another 1500 ms"
+        );
+        let lost = LeaseError::LeaseLost { resource };
+        assert!(lost.to_string().contains("hold jobs/\\u{202e}fdp.exe ("), "{lost}");
+    }
 }

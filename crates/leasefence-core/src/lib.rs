@@ -32,7 +32,7 @@ pub use coordinator::{
 pub use error::{BusyReason, Invalid, LeaseError};
 pub use fence::{ENV_RESOURCE, ENV_SIGNATURE, ENV_TOKEN, Fence, HEADER_RESOURCE, HEADER_SIGNATURE, HEADER_TOKEN};
 pub use lease_id::LeaseId;
-pub use names::{HOLDER_LEN_MAX, Holder, RESOURCE_LEN_MAX, ResourceId};
+pub use names::{HOLDER_LEN_MAX, Holder, RESOURCE_LEN_MAX, ResourceId, Shown, shown};
 pub use records::{Mutation, ReleaseCause, StoredLease, StoredLockDelay, StoredResource};
 pub use time::MonoTime;
 pub use token::Token;

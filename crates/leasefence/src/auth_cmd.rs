@@ -76,8 +76,8 @@ pub async fn force_release(a: ForceReleaseArgs) -> CmdResult {
         println!("{v}");
     } else {
         match ended {
-            Some(t) => println!("force-released {res} token={t}"),
-            None => println!("{res}: not held; nothing to release"),
+            Some(t) => println!("force-released {} token={t}", res.shown()),
+            None => println!("{}: not held; nothing to release", res.shown()),
         }
     }
     Ok(())

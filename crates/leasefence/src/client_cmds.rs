@@ -59,11 +59,11 @@ fn print_lease(l: &LeaseInfo, as_json: bool, verb: &str) {
             .unwrap_or_default();
         println!(
             "{verb} {} token={} lease_id={} ttl={} holder={}{signature}",
-            l.resource,
+            l.resource.shown(),
             l.token,
             l.lease_id.to_hex(),
             humantime::format_duration(l.ttl),
-            l.holder
+            l.holder.shown()
         );
     }
 }
@@ -99,7 +99,7 @@ pub async fn release(a: LeaseArgs) -> CmdResult {
             json!({ "resource": res.as_str(), "token": token.get(), "released": true })
         );
     } else {
-        println!("released {res} token={token}");
+        println!("released {} token={token}", res.shown());
     }
     Ok(())
 }
@@ -123,11 +123,13 @@ pub async fn status(a: StatusArgs) -> CmdResult {
         let last = s.last_token.map_or("none".to_string(), |t| t.to_string());
         match &s.held {
             Some((holder, token, left)) => println!(
-                "{res}: held by {holder} token={token} expires_in={} last_token={last} waiters={}",
+                "{}: held by {} token={token} expires_in={} last_token={last} waiters={}",
+                res.shown(),
+                holder.shown(),
                 humantime::format_duration(*left),
                 s.waiters
             ),
-            None => println!("{res}: not held last_token={last}"),
+            None => println!("{}: not held last_token={last}", res.shown()),
         }
     }
     Ok(())

@@ -35,9 +35,11 @@ fn print(name: &ResourceId, change: &LeaderChange, as_json: bool) {
             let v = json!({ "name": name.as_str(), "state": "vacant", "last_term": last_term.map(|t| t.get()) });
             println!("{v}");
         }
-        (LeaderChange::Leader { term, holder }, false) => println!("leader {name} term={term} holder={holder}"),
-        (LeaderChange::Vacant { last_term: Some(t) }, false) => println!("vacant {name} last_term={t}"),
-        (LeaderChange::Vacant { last_term: None }, false) => println!("vacant {name}"),
+        (LeaderChange::Leader { term, holder }, false) => {
+            println!("leader {} term={term} holder={}", name.shown(), holder.shown())
+        }
+        (LeaderChange::Vacant { last_term: Some(t) }, false) => println!("vacant {} last_term={t}", name.shown()),
+        (LeaderChange::Vacant { last_term: None }, false) => println!("vacant {}", name.shown()),
     }
 }
 

@@ -192,7 +192,7 @@ pub(crate) async fn run_with_lease(
             let what = status.map_or("was not started".to_string(), |s| format!("was stopped ({s})"));
             Err(Failure::new(
                 Failure::LOST,
-                anyhow::anyhow!("lease on {resource} lost ({loss}); {name} {what}"),
+                anyhow::anyhow!("lease on {} lost ({loss}); {name} {what}", resource.shown()),
             ))
         }
         Ok(Ended::Exited(status)) => finish(lease, &name, status).await,
@@ -213,10 +213,10 @@ async fn finish(lease: Lease, name: &str, status: ExitStatus) -> CmdResult {
         if failure(e).code == Failure::LOST {
             return Err(Failure::new(
                 Failure::LOST,
-                anyhow::anyhow!("lease on {resource} was lost when {name} ended ({status})"),
+                anyhow::anyhow!("lease on {} was lost when {name} ended ({status})", resource.shown()),
             ));
         }
-        tracing::warn!(%resource, "release failed; the lease will expire after its TTL");
+        tracing::warn!(resource = %resource.shown(), "release failed; the lease will expire after its TTL");
     }
     match exit_code(status) {
         0 => Ok(()),

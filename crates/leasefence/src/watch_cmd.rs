@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use clap::Args;
+use leasefence_core::shown;
 use leasefence_proto::v1 as pb;
 use serde_json::json;
 use tonic::Code;
@@ -47,15 +48,21 @@ fn print(e: &pb::WatchEvent, as_json: bool) {
                         "token": e.token, "holder": holder });
         println!("{v}");
     } else if e.holder.is_empty() {
-        println!("{} {} {} token={}", e.revision, kind_name(e.kind), e.resource, e.token);
+        println!(
+            "{} {} {} token={}",
+            e.revision,
+            kind_name(e.kind),
+            shown(&e.resource),
+            e.token
+        );
     } else {
         println!(
             "{} {} {} token={} holder={}",
             e.revision,
             kind_name(e.kind),
-            e.resource,
+            shown(&e.resource),
             e.token,
-            e.holder
+            shown(&e.holder)
         );
     }
 }

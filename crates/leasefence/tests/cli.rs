@@ -78,6 +78,52 @@ fn acquire_status_renew_release_and_exit_codes() {
     assert!(err.contains("cannot reach"), "{err}");
 }
 
+/// A name may hold characters that show as nothing or turn the text after
+/// them around (here a right-to-left override: "fdp.exe" reads "exe.pdf").
+/// Text output writes them out, so a name cannot pose as another or reorder
+/// the rest of its line; JSON output and the lease itself keep the name as it is.
+#[test]
+fn text_output_writes_out_characters_that_hide_or_reorder_a_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Coordinator::start(dir.path(), &[]);
+    let s = c.url.as_str();
+    let (resource, holder) = ("jobs/x\u{202E}fdp.exe", "w\u{200B}orker");
+    let (shown_resource, shown_holder) = ("jobs/x\\u{202e}fdp.exe", "w\\u{200b}orker");
+
+    let (code, out, err) = cli(&["acquire", resource, "--ttl", "10s", "--holder", holder, "--server", s]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with(&format!("acquired {shown_resource} token=1 "))
+            && out.contains(&format!("holder={shown_holder}")),
+        "{out}"
+    );
+    assert!(!out.contains('\u{202E}') && !out.contains('\u{200B}'), "{out:?}");
+
+    let (code, out, _) = cli(&["status", resource, "--server", s]);
+    assert_eq!(code, 0);
+    assert!(
+        out.starts_with(&format!("{shown_resource}: held by {shown_holder} token=1 ")),
+        "{out}"
+    );
+
+    let (code, _, err) = cli(&["acquire", resource, "--ttl", "10s", "--server", s]);
+    assert_eq!(code, 3, "busy: {err}");
+    assert!(
+        err.contains(&format!(
+            "resource {shown_resource} is held by {shown_holder} (token 1)"
+        )),
+        "{err}"
+    );
+
+    let (code, out, _) = cli(&["status", resource, "--json", "--server", s]);
+    assert_eq!(code, 0);
+    let st: Value = serde_json::from_str(out.trim()).expect("json");
+    assert_eq!(
+        (st["resource"].as_str(), st["holder"].as_str()),
+        (Some(resource), Some(holder))
+    );
+}
+
 #[test]
 fn demo_tells_the_paused_worker_story_and_rejects_the_stale_write() {
     let (code, out, err) = cli(&["demo"]);

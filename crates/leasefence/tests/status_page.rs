@@ -1,8 +1,9 @@
 //! The status page in headless Chromium (Debian's `chromium` and
 //! `chromium-driver`), driven over the W3C WebDriver protocol with a few
 //! plain HTTP calls: the page loads from a real `leasefence serve`, a lease the
-//! test grants through the API appears with its token (and no lease id), and
-//! its release shows. A screenshot is saved to `$LEASEFENCE_ARTIFACTS_DIR`
+//! test grants through the API appears with its token (and no lease id), its
+//! release shows, and a name with characters that hide or reorder text is
+//! shown written out. A screenshot is saved to `$LEASEFENCE_ARTIFACTS_DIR`
 //! (default `target/artifacts/`). Without chromedriver the test skips, or
 //! fails under `CI=true`.
 
@@ -340,6 +341,34 @@ async fn the_status_page_shows_a_granted_lease_and_its_release() {
             })
         })
         .await;
+
+    // A name with a right-to-left override (after it, "fdp.exe" reads
+    // "exe.pdf") and a holder with a zero-width space: both are written out,
+    // and in the event line each name is isolated from the text around it.
+    let (tricky, holder) = ("ui/x\u{202E}fdp.exe", "h\u{200B}olly");
+    post(
+        &server.url,
+        "/v1/acquire",
+        json!({"resource": tricky, "ttl_ms": 60_000, "holder": holder}),
+    )
+    .await;
+    let tricky_row = format!(
+        "const tr = [...document.querySelectorAll('#resources tr')].find(t => t.dataset.resource === {});
+         return tr ? [tr.querySelector('.resource').textContent, tr.querySelector('.holder').textContent] : null;",
+        json!(tricky)
+    );
+    let row = driver.until(&tricky_row, "the tricky name", |v| !v.is_null()).await;
+    assert_eq!(row, json!(["ui/x\\u{202e}fdp.exe", "h\\u{200b}olly"]));
+    let tricky_event = "const li = [...document.querySelectorAll('#events li')].find(li => li.dataset.kind === 'granted' && li.textContent.includes('fdp.exe'));
+         return li ? [li.textContent, [...li.querySelectorAll('bdi')].map(b => b.textContent)] : null;";
+    let event = driver.until(tricky_event, "the tricky grant", |v| !v.is_null()).await;
+    assert!(
+        event[0]
+            .as_str()
+            .is_some_and(|s| s.ends_with("granted ui/x\\u{202e}fdp.exe token 1 by h\\u{200b}olly")),
+        "{event}"
+    );
+    assert_eq!(event[1], json!(["ui/x\\u{202e}fdp.exe", "h\\u{200b}olly"]), "{event}");
     driver.call("DELETE", "", Value::Null).await;
     println!("browser test took {:?}", started.elapsed());
 }

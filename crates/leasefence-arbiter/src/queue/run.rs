@@ -35,7 +35,7 @@ pub fn observe(settings: &Settings, id: Option<&str>, verdict: &Verdict) {
             tracing::warn!(
                 queue,
                 message_id = id,
-                resource = %s.resource,
+                resource = %s.resource.shown(),
                 presented = s.presented.get(),
                 current = s.current.get(),
                 "stale message rejected and acknowledged: a newer holder has acted on the resource"

@@ -204,7 +204,7 @@ impl Observer {
                     return;
                 }
                 End::Broken(e) => {
-                    tracing::debug!(name = %self.name, error = %e, "observer reconnecting");
+                    tracing::debug!(name = %self.name.shown(), error = %e, "observer reconnecting");
                     if self.tx.send(Err(e)).await.is_err() {
                         return;
                     }
@@ -250,7 +250,7 @@ impl Observer {
         let mut stream = match self.client.open_watch(req).await {
             Ok(s) => s,
             Err(s) if self.resume.is_some() && s.code() == tonic::Code::FailedPrecondition => {
-                tracing::debug!(name = %self.name, reason = %s.message(), "observer resyncing");
+                tracing::debug!(name = %self.name.shown(), reason = %s.message(), "observer resyncing");
                 return (End::Resync, false);
             }
             Err(s) => return (self.classify(s), false),

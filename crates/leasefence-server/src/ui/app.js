@@ -2,7 +2,10 @@
 // follows their transitions live (GET /v1/watch, NDJSON over fetch so that the
 // Authorization header can be sent, which EventSource cannot). Every event
 // re-reads the listing, so the table never drifts from the coordinator's view.
-// Names are shown with textContent only: they come from clients.
+// Names are shown with textContent only: they come from clients. Characters
+// in them that are invisible or reorder the text around them are written out
+// (`shown`), and names inside a line are isolated (<bdi>), so a name can
+// neither pose as another nor turn the rest of a line around.
 "use strict";
 
 const LIST_LIMIT = 500;
@@ -21,6 +24,23 @@ let listed = 0; // the latest listing asked for; older answers are dropped
 function authHeaders() {
   const token = sessionStorage.getItem(TOKEN_KEY);
   return token ? { Authorization: "Bearer " + token } : {};
+}
+
+// Unicode's Default_Ignorable_Code_Point (bidi controls, zero-width and other
+// invisible characters) and the line and paragraph separators: the set that
+// leasefence-core's `names::shown` writes out for the CLI, in the same form.
+const HIDDEN =
+  /[\u00AD\u034F\u061C\u115F\u1160\u17B4\u17B5\u180B-\u180F\u200B-\u200F\u2028-\u202E\u2060-\u206F\u3164\uFE00-\uFE0F\uFEFF\uFFA0\uFFF0-\uFFF8\u{1BCA0}-\u{1BCA3}\u{1D173}-\u{1D17A}\u{E0000}-\u{E0FFF}]/gu;
+
+function shown(name) {
+  return name.replace(HIDDEN, (c) => "\\u{" + c.codePointAt(0).toString(16) + "}");
+}
+
+// A name inside a line of text, isolated from the text around it.
+function isolated(name) {
+  const bdi = document.createElement("bdi");
+  bdi.textContent = shown(name);
+  return bdi;
 }
 
 function say(text, isError) {
@@ -65,9 +85,9 @@ function render(page) {
     const held = r.token !== null;
     tr.dataset.resource = r.resource;
     tr.dataset.state = held ? "held" : "free";
-    cell(tr, "resource", r.resource);
+    cell(tr, "resource", shown(r.resource));
     cell(tr, "state", held ? "held" : "free");
-    cell(tr, "holder", held ? r.holder : "—");
+    cell(tr, "holder", held ? shown(r.holder) : "—");
     cell(tr, "token", held ? String(r.token) : "—");
     const expires = cell(tr, "expires", "—");
     cell(tr, "waiters", String(r.waiters));
@@ -121,8 +141,8 @@ function showEvent(e) {
   const kind = document.createElement("span");
   kind.className = "kind";
   kind.textContent = e.kind;
-  const holder = e.holder ? ` by ${e.holder}` : "";
-  li.append(`#${e.revision} `, kind, ` ${e.resource} token ${e.token}${holder}`);
+  li.append(`#${e.revision} `, kind, " ", isolated(e.resource), ` token ${e.token}`);
+  if (e.holder) li.append(" by ", isolated(e.holder));
   const list = $("events");
   list.prepend(li);
   while (list.children.length > EVENTS_KEPT) list.lastElementChild.remove();
