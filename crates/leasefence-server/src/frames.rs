@@ -14,7 +14,9 @@
 //! `invalid` refusal (field `frame`); a frame whose length is out of bounds
 //! ends the connection after that answer, since the stream can no longer be
 //! read in step. The same connection limit as the main port applies, counted
-//! on its own.
+//! on its own. A connection may idle between frames without limit, but not
+//! stall inside one: a frame must arrive whole, and each answer be taken,
+//! within [`FRAME_TIMEOUT`], or the connection is closed.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -23,7 +25,7 @@ use std::time::Duration;
 use leasefence_core::access::Verb;
 use leasefence_core::{Grant, LeaseError};
 use leasefence_proto::frame::{self, HeldBy, Refusal, Request, Response};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 
@@ -34,6 +36,16 @@ use crate::{ApiError, Engine, Node, wire};
 
 /// Longest a client may take from connecting to its `Hello` (TLS included).
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest a frame may take to arrive whole once its first byte has, and an
+/// answer to be taken by the client. A connection may stay idle between
+/// frames for as long as it likes (the connection limit bounds how many do),
+/// but one that stalls inside a frame, or stops reading its answers, would
+/// otherwise hold its connection and its slot for ever.
+#[cfg(not(test))]
+pub(crate) const FRAME_TIMEOUT: Duration = Duration::from_secs(10);
+/// Short in tests, which wait it out.
+#[cfg(test)]
+pub(crate) const FRAME_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// What every connection of the port shares.
 struct Shared {
@@ -181,7 +193,7 @@ async fn connection<S>(
         let next = tokio::select! {
             biased;
             _ = stop.wait_for(|s| *s) => return,
-            r = frame::read_frame(&mut io, &mut buf) => r,
+            r = next_frame(&mut io, &mut buf) => r,
         };
         let response = match next {
             Ok(true) => match frame::decode_request(&buf) {
@@ -340,15 +352,41 @@ fn unreadable(e: &std::io::Error) -> Refusal {
     )))
 }
 
+/// Waits, for as long as it takes, for the next frame to begin, then reads
+/// it whole within [`FRAME_TIMEOUT`]. `Ok(false)`: the client closed.
+async fn next_frame<R: AsyncBufRead + Unpin>(r: &mut R, buf: &mut Vec<u8>) -> std::io::Result<bool> {
+    if r.fill_buf().await?.is_empty() {
+        return Ok(false);
+    }
+    tokio::time::timeout(FRAME_TIMEOUT, frame::read_frame(r, buf))
+        .await
+        .unwrap_or_else(|_| {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "a frame was not complete within {} s of its first byte",
+                    FRAME_TIMEOUT.as_secs_f64()
+                ),
+            ))
+        })
+}
+
 async fn answer<W: AsyncWrite + Unpin>(w: &mut W, refusal: &Refusal) -> std::io::Result<()> {
     let mut buf = Vec::new();
     answer_frame(w, &Response::Refused(refusal.clone()), &mut buf).await
 }
 
+/// Writes one answer; a client that does not take it within
+/// [`FRAME_TIMEOUT`] is given up on (`TimedOut`), and its connection closed.
 async fn answer_frame<W: AsyncWrite + Unpin>(w: &mut W, r: &Response, buf: &mut Vec<u8>) -> std::io::Result<()> {
     frame::encode_response(r, buf);
-    w.write_all(buf).await?;
-    w.flush().await
+    let write = async {
+        w.write_all(buf).await?;
+        w.flush().await
+    };
+    tokio::time::timeout(FRAME_TIMEOUT, write)
+        .await
+        .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
 }
 
 #[cfg(test)]

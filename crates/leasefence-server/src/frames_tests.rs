@@ -202,6 +202,68 @@ async fn a_frame_length_out_of_bounds_is_answered_then_the_connection_closes() {
 }
 
 #[tokio::test]
+async fn a_frame_that_stalls_after_its_first_byte_is_refused_then_the_connection_closes() {
+    let (addr, _dir) = serve(None).await;
+    let mut c = Conn::welcomed(addr).await;
+    // A header announcing 16 bytes, and then nothing.
+    c.send_raw(&[0, 0, 0, 16]).await;
+    let Response::Refused(r) = c.answer().await else {
+        panic!("refused")
+    };
+    assert_eq!(r.kind, "invalid");
+    assert!(r.message.contains("not complete within"), "{}", r.message);
+    assert!(c.closed().await);
+    // An idle connection between frames is left alone for as long.
+    let mut idle = Conn::welcomed(addr).await;
+    tokio::time::sleep(super::FRAME_TIMEOUT * 2).await;
+    assert!(matches!(
+        idle.call(&acquire("a")).await,
+        Response::Lease { token: 1, .. }
+    ));
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_its_answers_is_disconnected() {
+    let (addr, _dir) = serve(None).await;
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("small receive buffer");
+    let mut c = Conn {
+        tcp: socket.connect(addr).await.expect("connect"),
+        buf: Vec::new(),
+    };
+    let welcome = c
+        .call(&Request::Hello {
+            version: frame::VERSION,
+            token: None,
+        })
+        .await;
+    assert!(matches!(welcome, Response::Welcome { .. }));
+    // Status requests, sent without ever reading an answer: once the
+    // answers fill both sockets' buffers the coordinator's write stalls; it
+    // must give up and close, which fails these writes.
+    let mut request = Vec::new();
+    frame::encode_request(&Request::Status { resource: "a".into() }, &mut request);
+    let batch = request.repeat(256);
+    let flood = async {
+        loop {
+            if let Err(e) = c.tcp.write_all(&batch).await {
+                return e;
+            }
+        }
+    };
+    let e = tokio::time::timeout(Duration::from_secs(60), flood)
+        .await
+        .expect("the coordinator closed the connection of a client that does not read");
+    assert!(
+        matches!(
+            e.kind(),
+            std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+        ),
+        "{e}"
+    );
+}
+
+#[tokio::test]
 async fn a_connection_must_start_with_a_hello_of_this_version() {
     let (addr, _dir) = serve(None).await;
     let mut c = Conn::open(addr).await;
