@@ -52,6 +52,13 @@ pub async fn run(a: ServeArgs) -> CmdResult {
     config.frames_listen = a.frames_listen;
     let (server, at) = match &a.store {
         None => {
+            if a.advertise.is_some() {
+                return Err(Failure::invalid(
+                    "--advertise (or LEASEFENCE_ADVERTISE, or `advertise` in --config) is for a shared store: \
+                     it says where a standby sends clients, and without --store there is no standby; \
+                     give --store postgres://… or etcd://…, or leave --advertise out",
+                ));
+            }
             let at = format!("data dir {}", config.data_dir.display());
             let server = Server::bind(config).await?;
             crate::volatile::warn_if_volatile("coordinator", &a.data_dir);
@@ -121,12 +128,7 @@ fn ha_config(a: &ServeArgs) -> Result<HaConfig, Failure> {
         )));
     }
     let advertise = match &a.advertise {
-        Some(url) if url.starts_with("http://") || url.starts_with("https://") => url.trim_end_matches('/').to_string(),
-        Some(url) => {
-            return Err(Failure::invalid(format!(
-                "--advertise {url:?} must be an http:// or https:// URL clients can reach"
-            )));
-        }
+        Some(url) => checked_advertise(url)?,
         None => default_advertise(a.listen, a.tls_cert.is_some())?,
     };
     Ok(HaConfig {
@@ -157,6 +159,19 @@ fn tls(a: &ServeArgs) -> Result<Option<Tls>, Failure> {
         client_ca: a.tls_client_ca.clone(),
     };
     Tls::load(&files).map(Some).map_err(Failure::invalid)
+}
+
+/// `--advertise`, checked as clients check the leader hints they are sent
+/// (a client drops a hint it cannot use, so a bad URL here would only show
+/// later, as standbys that send nobody anywhere).
+fn checked_advertise(url: &str) -> Result<String, Failure> {
+    leasefence_client::check_coordinator_url(url).map_err(|e| {
+        Failure::invalid(format!(
+            "--advertise: {} (the URL a standby sends clients to while this coordinator is active)",
+            e.message()
+        ))
+    })?;
+    Ok(url.trim_end_matches('/').to_string())
 }
 
 /// `http(s)://` + `--listen`, when that names one reachable address and port.

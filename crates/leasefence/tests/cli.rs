@@ -189,6 +189,38 @@ fn serve_takes_its_settings_from_a_config_file_and_flags_override_it() {
 }
 
 #[test]
+fn serve_refuses_an_advertised_url_clients_could_not_use() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path().to_str().expect("utf-8 path");
+    let long = format!("http://h:1/{}", "x".repeat(3000));
+    for (bad, says) in [
+        ("http://", "not a URL"),
+        ("http://:1", "no host"),
+        ("ftp://h:1", "scheme"),
+        ("h:1", "scheme"),
+        ("http://h:1/a b", "not a URL"),
+        (long.as_str(), "at most 2048"),
+    ] {
+        // Checked before the store is opened: nothing listens on port 1.
+        let (code, out, err) = cli(&[
+            "serve",
+            "--data-dir",
+            d,
+            "--store",
+            "etcd://127.0.0.1:1",
+            "--advertise",
+            bad,
+        ]);
+        assert_eq!(code, 2, "{bad:.40}: {out}{err}");
+        assert!(err.contains("--advertise: ") && err.contains(says), "{bad:.40}: {err}");
+        assert!(err.contains("allowed: a URL like http://"), "{bad:.40}: {err}");
+    }
+    let (code, out, err) = cli(&["serve", "--data-dir", d, "--advertise", "http://h:1"]);
+    assert_eq!(code, 2, "without a shared store: {out}{err}");
+    assert!(err.contains("--advertise") && err.contains("--store"), "{err}");
+}
+
+#[test]
 fn serve_on_a_port_in_use_says_which_and_why_once() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = taken.local_addr().expect("addr").to_string();
