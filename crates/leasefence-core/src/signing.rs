@@ -69,13 +69,23 @@ impl FenceKey {
                 "must be one line `<key id>:<64 hex digits>`, found no `:`",
             ));
         };
-        let secret = decode_hex(hex.trim()).ok_or_else(|| {
+        FenceKey::from_hex(id.trim(), hex.trim())
+    }
+
+    /// A key from its id and its secret in hex, each taken as given: the id
+    /// is checked first, so that a bad one is named as the id.
+    pub fn from_hex(id: &str, hex: &str) -> Result<FenceKey, Invalid> {
+        check_key_id(id)?;
+        let secret = decode_hex(hex).ok_or_else(|| {
             Invalid::new(
                 "fence key",
-                format!("the secret must be {} hex digits ({SECRET_LEN} bytes)", 2 * SECRET_LEN),
+                format!(
+                    "the secret must be {} hex digits, lowercase ({SECRET_LEN} bytes)",
+                    2 * SECRET_LEN
+                ),
             )
         })?;
-        FenceKey::new(id.trim(), secret)
+        FenceKey::new(id, secret)
     }
 
     /// The key file line for this key (holds the secret: write it to a file
@@ -356,5 +366,16 @@ mod tests {
         ] {
             assert!(FenceKey::parse(bad).is_err(), "{bad:?}");
         }
+        let hex = "ab".repeat(32);
+        assert_eq!(FenceKey::from_hex("k1", &hex), Ok(k));
+        // Each part is judged on its own: a bad id is named as the id, not
+        // taken for a bad secret.
+        let e = FenceKey::from_hex("a:b", &hex).unwrap_err();
+        assert_eq!(e.field(), "fence key id", "{e}");
+        assert!(e.message().contains(r#""a:b""#), "{e}");
+        let e = FenceKey::from_hex("k1", &hex.to_uppercase()).unwrap_err();
+        assert!(e.message().contains("64 hex digits, lowercase"), "{e}");
+        assert!(!e.message().contains("AB"), "never the secret: {e}");
+        assert!(FenceKey::from_hex(" k1", &hex).is_err(), "no trimming");
     }
 }

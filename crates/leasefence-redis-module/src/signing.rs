@@ -103,10 +103,11 @@ pub fn split_mode(arg: &[u8]) -> (&[u8], Option<&[u8]>) {
     }
 }
 
-/// Parses `LEASEFENCE.KEY.ADD ID HEX`'s arguments into a key.
+/// Parses `LEASEFENCE.KEY.ADD ID HEX`'s arguments into a key, each as given
+/// (not trimmed: the id installed is the one `KEY.REMOVE` must name).
 pub fn parse_key(id: &[u8], hex: &[u8]) -> Result<FenceKey, String> {
-    let line = format!("{}:{}", String::from_utf8_lossy(id), String::from_utf8_lossy(hex));
-    FenceKey::parse(&line).map_err(|e| format!("LFINVALID {e}"))
+    FenceKey::from_hex(&String::from_utf8_lossy(id), &String::from_utf8_lossy(hex))
+        .map_err(|e| format!("LFINVALID {e}"))
 }
 
 /// The load arguments: pairs of `fence-key-file PATH`. The error names what
@@ -167,6 +168,19 @@ mod tests {
         assert_eq!(keys.ids(), ["a", "b"]);
         assert!(keys.remove(b"a") && keys.remove(b"b") && !keys.remove(b"b"));
         assert_eq!(keys.check(b"r", t, None), Ok(()));
+    }
+
+    #[test]
+    fn key_add_takes_its_arguments_as_given_and_names_what_is_wrong() {
+        let hex = "05".repeat(32);
+        assert_eq!(parse_key(b"k1", hex.as_bytes()), Ok(key("k1", 5)));
+        let e = parse_key(b"a:b", hex.as_bytes()).unwrap_err();
+        assert!(e.starts_with("LFINVALID invalid fence key id: "), "{e}");
+        // Not trimmed: what KEY.ADD installs is what KEY.REMOVE must name.
+        let e = parse_key(b" k1", hex.as_bytes()).unwrap_err();
+        assert!(e.contains("fence key id"), "{e}");
+        let e = parse_key(b"k1", b"05").unwrap_err();
+        assert!(e.contains("64 hex digits, lowercase"), "{e}");
     }
 
     #[test]
