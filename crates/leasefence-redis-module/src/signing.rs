@@ -9,7 +9,8 @@
 //! replicated: give every server its key files at load, and after a rotation
 //! by command, update the files too. With no key, fences are not checked.
 //! The refusal is the Functions library's:
-//! `-BADSIG <missing|malformed|unknown_key|mismatch> <key id or -> <resource>`.
+//! `-BADSIG <missing|malformed|unknown_key|mismatch> <key id or -> <resource>`
+//! (the resource left out when it holds a NUL byte, which a reply cannot).
 
 use std::sync::Mutex;
 
@@ -72,7 +73,13 @@ impl Keys {
                 SignatureError::UnknownKey(id) => id.as_str(),
                 _ => "-",
             };
-            format!("BADSIG {} {key} {shown}", e.reason())
+            // A reply cannot carry a NUL byte: such a resource is left out,
+            // and the client names its own (as for `-STALE`).
+            if shown.contains('\0') {
+                format!("BADSIG {} {key}", e.reason())
+            } else {
+                format!("BADSIG {} {key} {shown}", e.reason())
+            }
         };
         // A resource that is no valid name was never signed by a coordinator.
         let Some(resource) = std::str::from_utf8(resource).ok().and_then(|r| ResourceId::new(r).ok()) else {
@@ -153,6 +160,12 @@ mod tests {
             Err("BADSIG mismatch - s".into())
         );
         assert_eq!(keys.check(b"r", t, Some(b"v1.x")), Err("BADSIG malformed - r".into()));
+        // A reply cannot carry a NUL byte: such a resource is left out (the
+        // client falls back to its own), as in a STALE reply.
+        assert_eq!(
+            keys.check(b"a\0b", t, Some(sig.as_bytes())),
+            Err("BADSIG mismatch -".into())
+        );
         let other = key("b", 2).sign(&Fence::new(ResourceId::new("r").expect("r"), t));
         assert_eq!(
             keys.check(b"r", t, Some(other.as_bytes())),
