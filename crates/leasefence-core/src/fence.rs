@@ -57,6 +57,9 @@ impl Fence {
 
 /// Parses a decimal token, 1..=u64::MAX: ASCII digits only (surrounding
 /// whitespace aside), so no sign, no hex, no exponent.
+/// Digits of the largest token, `u64::MAX`.
+const TOKEN_DIGITS_MAX: usize = 20;
+
 pub(crate) fn parse_token(s: &str) -> Result<Token, Invalid> {
     let digits = s.trim();
     let decimal = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit());
@@ -66,9 +69,16 @@ pub(crate) fn parse_token(s: &str) -> Result<Token, Invalid> {
         None
     };
     token.ok_or_else(|| {
+        // A longer value than any token is not echoed whole: it may be as
+        // long as the header it came in.
+        let got = if s.len() <= 2 * TOKEN_DIGITS_MAX {
+            format!("{s:?}")
+        } else {
+            format!("{} bytes", s.len())
+        };
         Invalid::new(
             "token",
-            format!("must be a decimal integer in 1..={}, got {s:?}", u64::MAX),
+            format!("must be a decimal integer in 1..={}, got {got}", u64::MAX),
         )
     })
 }
@@ -101,5 +111,11 @@ mod tests {
         for bad in ["+5", "0x10", "1e3", "", " ", "5 5", "٣"] {
             assert_eq!(Fence::from_parts("r", bad).unwrap_err().field(), "token", "{bad:?}");
         }
+        // A short value is shown; a long one only by its length.
+        let e = Fence::from_parts("r", "x7").unwrap_err();
+        assert!(e.message().ends_with(r#"got "x7""#), "{e}");
+        let long = "9".repeat(10_000);
+        let e = Fence::from_parts("r", &long).unwrap_err();
+        assert!(e.message().ends_with("got 10000 bytes"), "{e}");
     }
 }
