@@ -282,16 +282,18 @@ fn parse_digest(hex: &str) -> Result<[u8; 32], String> {
     if hex.is_empty() {
         return Err(format!("is empty; {SHAPE}"));
     }
+    if let Some(i) = hex.chars().position(|c| !c.is_ascii_hexdigit()) {
+        return Err(format!("is not hex at character {}; {SHAPE}", i + 1));
+    }
+    // All ASCII from here: bytes are characters.
     if hex.len() != 64 {
         return Err(format!("has {} characters; {SHAPE}", hex.len()));
     }
     let mut out = [0u8; 32];
-    for (i, pair) in hex.as_bytes().chunks(2).enumerate() {
-        let digit = |b: u8| (b as char).to_digit(16);
-        match (digit(pair[0]), digit(pair[1])) {
-            (Some(h), Some(l)) => out[i] = (h * 16 + l) as u8,
-            _ => return Err(format!("is not hex at character {}; {SHAPE}", 2 * i + 1)),
-        }
+    for (i, pair) in hex.as_bytes().chunks_exact(2).enumerate() {
+        // Checked above: every byte is a hex digit.
+        let digit = |b: u8| (b as char).to_digit(16).unwrap_or(0);
+        out[i] = (digit(pair[0]) * 16 + digit(pair[1])) as u8;
     }
     Ok(out)
 }

@@ -150,6 +150,15 @@ fn bad_configs_are_errors_naming_the_key() {
             "has 2 characters",
         ),
         (
+            // Characters, not bytes: the é is the second.
+            vec![PrincipalSpec {
+                token_sha256: Some("aé".into()),
+                ..ok()
+            }],
+            "token-sha256",
+            "not hex at character 2",
+        ),
+        (
             vec![PrincipalSpec {
                 token_sha256: None,
                 ..ok()
