@@ -91,7 +91,10 @@ pub fn parse_size(s: &str) -> Result<u64, Invalid> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (digits, unit) = t.split_at(split);
-    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let n: u64 = digits.parse().map_err(|e: std::num::ParseIntError| match e.kind() {
+        std::num::IntErrorKind::PosOverflow => Invalid::new("size", format!("{s:?} is more than {} bytes", u64::MAX)),
+        _ => bad(),
+    })?;
     let scale = match unit.trim() {
         "" | "B" => 1,
         "KiB" => KIB,
@@ -130,6 +133,8 @@ mod tests {
         }
         assert!(parse_size("64mb").unwrap_err().message().contains("KiB, MiB"));
         assert!(parse_size("20000000TiB").unwrap_err().message().contains("more than"));
+        let e = parse_size("99999999999999999999").unwrap_err();
+        assert!(e.message().contains("more than"), "too large, not malformed: {e}");
     }
 
     #[test]
