@@ -347,7 +347,7 @@ async fn status(
     RawQuery(query): RawQuery,
 ) -> Result<axum::Json<Value>, Failure> {
     let params = wire::query(query.as_deref(), &["resource"])?;
-    let resource = wire::resource(params.get("resource").unwrap_or_default())?;
+    let resource = wire::resource(params.required("resource")?)?;
     caller.check(Verb::Read, &resource)?;
     let s = node.engine()?.status(&resource).await?;
     Ok(axum::Json(crate::browse::status_json(&s)))

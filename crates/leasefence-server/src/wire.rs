@@ -71,6 +71,12 @@ impl Query {
     pub fn get(&self, name: &str) -> Option<&str> {
         self.0.iter().find(|(k, _)| *k == name).map(|(_, v)| v.as_str())
     }
+
+    /// The value of `name`, which the query must give.
+    pub fn required(&self, name: &'static str) -> Result<&str, Invalid> {
+        self.get(name)
+            .ok_or_else(|| Invalid::new(name, format!("the query parameter is missing: give ?{name}=NAME")))
+    }
 }
 
 /// A query string's parameters (`a=1&b=x+y`, as forms encode them), each at

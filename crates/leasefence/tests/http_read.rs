@@ -207,7 +207,8 @@ async fn a_status_query_says_what_is_wrong_with_it() {
         ("resource=q/1&bogus=1", "query", "unknown parameter \"bogus\""),
         ("resourse=q/1", "query", "unknown parameter \"resourse\""),
         ("resource=q/1&resource=q/2", "resource", "given more than once"),
-        ("", "resource", "empty"),
+        ("", "resource", "missing: give ?resource=NAME"),
+        ("resource=", "resource", "got an empty string"),
         // Not a name with U+FFFD in it: no name at all.
         ("resource=q%FF", "query", "not UTF-8"),
     ] {
