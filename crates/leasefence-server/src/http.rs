@@ -312,7 +312,9 @@ fn lease_json(node: &Node, engine: &Engine, g: &Grant) -> Value {
 
 // Each call reads and checks its request before it asks for the engine, as
 // the gRPC and frame edges do: a request wrong in itself, or not allowed, is
-// refused as such on a standby too rather than sent on to the leader.
+// refused as such on a standby too rather than sent on to the leader. The
+// bounds that a coordinator's configuration sets (TTL, wait, lock delay)
+// are the engine's, so only the active coordinator checks those.
 
 async fn acquire(State(node): State<Arc<Node>>, caller: Caller, body: Bytes) -> Result<axum::Json<Value>, Failure> {
     let mut req = wire::acquire_json(&body)?;
