@@ -141,8 +141,15 @@ fn fence_of(headers: Option<&FieldTable>) -> Result<Option<Fence>, Invalid> {
         {
             continue;
         }
-        let value = text(value)
-            .ok_or_else(|| Invalid::new("header", format!("{name} must be a UTF-8 string, got {value:?}")))?;
+        // The value is named by its type, not shown: it may be as large as
+        // the message's headers.
+        let value = text(value).ok_or_else(|| {
+            let got = match value {
+                AMQPValue::LongString(s) => format!("{} bytes that are not UTF-8", s.as_bytes().len()),
+                other => format!("a value of type {}", other.get_type()),
+            };
+            Invalid::new("header", format!("{name} must be a UTF-8 string, got {got}"))
+        })?;
         pairs.push((name.to_owned(), value));
     }
     fence_from_pairs(pairs)
@@ -276,6 +283,15 @@ mod tests {
         let mut binary = fence_headers(&fence);
         binary.insert(HEADER_RESOURCE.into(), AMQPValue::LongString(vec![0xff, 0xfe].into()));
         assert!(fence_of(Some(&binary)).is_err());
+        // Named by its type or size, never echoed: it may be large.
+        assert!(e.to_string().ends_with("got a value of type LongLongInt"), "{e}");
+        let mut large = fence_headers(&fence);
+        large.insert(HEADER_TOKEN.into(), AMQPValue::ByteArray(vec![7u8; 10_000].into()));
+        let e = fence_of(Some(&large)).expect_err("a byte array");
+        assert!(e.to_string().len() < 200, "{e}");
+        large.insert(HEADER_TOKEN.into(), AMQPValue::LongString(vec![0xff; 10_000].into()));
+        let e = fence_of(Some(&large)).expect_err("not UTF-8");
+        assert!(e.to_string().ends_with("got 10000 bytes that are not UTF-8"), "{e}");
     }
 
     #[test]
