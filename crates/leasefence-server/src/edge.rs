@@ -72,7 +72,7 @@ impl Listener for EdgeListener {
             // axum's own accept: it retries and backs off on accept errors.
             EdgeListener::Plain(tcp) => {
                 let (stream, peer) = Listener::accept(tcp).await;
-                no_delay(&stream);
+                crate::tcp::accepted(&stream);
                 (EdgeIo::Plain(stream), peer)
             }
             EdgeListener::Tls(tls) => tls.accept().await,
@@ -84,15 +84,6 @@ impl Listener for EdgeListener {
             EdgeListener::Plain(tcp) => tcp.local_addr(),
             EdgeListener::Tls(tls) => Ok(tls.local),
         }
-    }
-}
-
-/// Turns Nagle's algorithm off: every answer is one small write that its
-/// client waits for, and holding it back for an ACK only adds latency (gRPC
-/// servers do the same). Failing to set it costs speed, not correctness.
-fn no_delay(stream: &tokio::net::TcpStream) {
-    if let Err(e) = stream.set_nodelay(true) {
-        tracing::debug!(error = %e, "cannot set TCP_NODELAY");
     }
 }
 
@@ -147,7 +138,7 @@ async fn accept_loop(mut tcp: TcpListener, tls: Tls, ready: mpsc::Sender<(EdgeIo
             return;
         };
         let (stream, peer) = Listener::accept(&mut tcp).await;
-        no_delay(&stream);
+        crate::tcp::accepted(&stream);
         let (acceptor, ready) = (acceptor.clone(), ready.clone());
         tokio::spawn(async move {
             let opened = open(stream, peer, &acceptor).await;

@@ -86,9 +86,7 @@ pub(crate) async fn serve(
                 continue;
             }
         };
-        if let Err(e) = stream.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-        }
+        crate::tcp::accepted(&stream);
         let shared = shared.clone();
         let stop = stop.clone();
         tokio::spawn(async move {

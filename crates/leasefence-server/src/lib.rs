@@ -13,7 +13,9 @@
 //!   is active; the election, epoch-fenced leadership and stepping down.
 //! - [`tls`]: the port's optional TLS (and mTLS) configuration; the edge
 //!   listener refuses plaintext clients on a TLS port with a clear answer
-//!   and hands each request the verified client certificate ([`peer`]).
+//!   and hands each request the verified client certificate ([`peer`]);
+//!   every accepted connection, on either port, gets TCP keepalive, so a
+//!   client that vanished gives its connection back (`tcp`).
 //! - [`Server`]: binds the port, recovers the store (or joins the election),
 //!   serves until shutdown.
 
@@ -31,6 +33,9 @@ pub mod metrics;
 pub mod node;
 pub mod peer;
 pub mod quota;
+mod tcp;
+#[cfg(test)]
+mod tcp_tests;
 pub mod tls;
 #[cfg(test)]
 mod tls_tests;

@@ -1,0 +1,190 @@
+//! A client that vanishes without closing its connection (no FIN, no RST, as
+//! when its host is powered off or its VM stopped) gives its place under
+//! `--connections-max` back, on the main port and on the frame port.
+//!
+//! The client is made to vanish with `TCP_REPAIR`: a socket closed in repair
+//! mode is forgotten by its kernel without a word to the peer. That needs
+//! `CAP_NET_ADMIN`; without it the test fails under `CI=true` and says it
+//! skipped elsewhere.
+
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use leasefence_proto::frame::{self, Request, Response};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::auth::Limits;
+use crate::tcp::{KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES};
+use crate::{Server, ServerConfig};
+
+/// A coordinator that serves one connection at a time on each port.
+async fn serve_one_connection() -> (SocketAddr, SocketAddr, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = ServerConfig::new("127.0.0.1:0".parse().expect("addr"), dir.path().to_path_buf());
+    config.frames_listen = Some("127.0.0.1:0".parse().expect("addr"));
+    config.limits = Limits {
+        connections_max: 1,
+        ..Limits::default()
+    };
+    let server = Server::bind(config).await.expect("bind");
+    let main = server.local_addr().expect("bound");
+    let frames = server.frames_addr().expect("frames configured").expect("bound");
+    tokio::spawn(server.run(std::future::pending()));
+    (main, frames, dir)
+}
+
+/// Closes `stream` so that the peer is never told: `false` when this
+/// process may not (no `CAP_NET_ADMIN`).
+fn vanish(stream: TcpStream) -> bool {
+    let stream = stream.into_std().expect("a std socket");
+    let on: libc::c_int = 1;
+    // SAFETY: the descriptor is an open TCP socket owned by `stream`, which
+    // outlives the call; the value is a c_int of the size given.
+    let rc = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_REPAIR,
+            (&raw const on).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        assert_ne!(
+            std::env::var("CI").as_deref(),
+            Ok("true"),
+            "CI=true needs CAP_NET_ADMIN to make a client vanish (TCP_REPAIR): {e}"
+        );
+        eprintln!("skipped: cannot make a client vanish without CAP_NET_ADMIN (TCP_REPAIR: {e})");
+        return false;
+    }
+    drop(stream);
+    true
+}
+
+/// `GET /healthz` on `s`, kept open: the answer's status line.
+async fn healthz_on(s: &mut TcpStream) -> String {
+    s.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .expect("write");
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+        .await
+        .expect("an answer in time")
+        .expect("read");
+    let text = String::from_utf8_lossy(&buf[..n]);
+    text.lines().next().unwrap_or_default().to_string()
+}
+
+/// `GET /healthz` on a new connection: the status line, and the connection.
+async fn healthz(addr: SocketAddr) -> (String, TcpStream) {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    (healthz_on(&mut s).await, s)
+}
+
+/// A hello on a new frame connection: whether it was welcomed (or refused
+/// for the limit), and the connection.
+async fn hello(addr: SocketAddr) -> (bool, TcpStream) {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    let mut buf = Vec::new();
+    // Over the limit the refusal comes at once, unasked, and the port
+    // closes: read it before writing into a closed connection.
+    let unasked = tokio::time::timeout(Duration::from_millis(300), frame::read_frame(&mut s, &mut buf)).await;
+    match unasked {
+        Ok(read) => assert!(read.expect("readable"), "closed without a word"),
+        Err(_) => {
+            let mut out = Vec::new();
+            let hello = Request::Hello {
+                version: frame::VERSION,
+                token: None,
+            };
+            frame::encode_request(&hello, &mut out);
+            s.write_all(&out).await.expect("write");
+            let read = tokio::time::timeout(Duration::from_secs(5), frame::read_frame(&mut s, &mut buf));
+            assert!(read.await.expect("answered in time").expect("readable"), "closed");
+        }
+    }
+    let answer = frame::decode_response(&buf).expect("a valid answer");
+    match &answer {
+        Response::Welcome { .. } => (true, s),
+        Response::Refused(r) if r.kind == "limit_exceeded" => (false, s),
+        other => panic!("expected a welcome or the connection limit, got {other:?}"),
+    }
+}
+
+/// Longer than keepalive takes to end a vanished client's connection.
+fn keepalive_bound() -> Duration {
+    KEEPALIVE_IDLE + KEEPALIVE_INTERVAL * (KEEPALIVE_PROBES + 1) + Duration::from_secs(3)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_vanishes_without_closing_gives_its_connection_back() {
+    let (main, frames, _dir) = serve_one_connection().await;
+
+    // The main port: the one slot is taken, the next connection is refused.
+    let (status, held) = healthz(main).await;
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    let (status, _refused) = healthz(main).await;
+    assert!(status.starts_with("HTTP/1.1 429"), "{status}");
+    if !vanish(held) {
+        return;
+    }
+    let started = Instant::now();
+    loop {
+        let (status, _conn) = healthz(main).await;
+        if status == "HTTP/1.1 200 OK" {
+            break;
+        }
+        assert!(status.starts_with("HTTP/1.1 429"), "{status}");
+        assert!(
+            started.elapsed() < keepalive_bound(),
+            "the main port still counts a vanished client after {:?}",
+            started.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // The frame port, the same way.
+    let (welcomed, held) = hello(frames).await;
+    assert!(welcomed, "the first frame connection is served");
+    let (welcomed, _refused) = hello(frames).await;
+    assert!(!welcomed, "a second frame connection is over the limit");
+    assert!(vanish(held));
+    let started = Instant::now();
+    loop {
+        let (welcomed, _conn) = hello(frames).await;
+        if welcomed {
+            break;
+        }
+        assert!(
+            started.elapsed() < keepalive_bound(),
+            "the frame port still counts a vanished client after {:?}",
+            started.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_client_that_stays_silent_keeps_its_connection() {
+    let (main, frames, _dir) = serve_one_connection().await;
+    let (status, mut held) = healthz(main).await;
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    let (welcomed, mut held_frames) = hello(frames).await;
+    assert!(welcomed);
+    // Silent for longer than a vanished client would last: its kernel
+    // answers the probes, so both connections stay.
+    tokio::time::sleep(keepalive_bound()).await;
+    assert_eq!(healthz_on(&mut held).await, "HTTP/1.1 200 OK");
+    let mut out = Vec::new();
+    frame::encode_request(&Request::Status { resource: "r".into() }, &mut out);
+    held_frames.write_all(&out).await.expect("write");
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), frame::read_frame(&mut held_frames, &mut buf));
+    assert!(read.await.expect("answered in time").expect("readable"), "closed");
+    let answer = frame::decode_response(&buf).expect("a valid answer");
+    assert!(!matches!(answer, Response::Refused(_)), "{answer:?}");
+}
