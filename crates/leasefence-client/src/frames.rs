@@ -17,18 +17,19 @@
 //!
 //! Connections: one call in flight on each; a call takes an idle connection
 //! or opens one, and gives it back after a whole answer, so concurrent
-//! callers on one client (it is cheap to clone) each get their own. Every
+//! callers on one client (it is cheap to clone) each get their own. An idle
+//! connection the coordinator closed meanwhile (after a restart, say) is
+//! dropped when a call looks for one, before anything is sent on it. Every
 //! call has the deadline of [`ClientOptions::call_timeout`] (plus the wait
 //! of an acquire); a connection whose call failed or timed out is dropped.
 //!
 //! Retries follow the rules of the gRPC client: what proves nothing was
 //! done (above) is retried for every call. After anything else that may
 //! hide a call carried out — a connection that broke after the request
-//! left, no answer in time, `unavailable`, `outcome_unknown` — `renew`,
-//! `release` and `status` are tried again (an idle connection the
-//! coordinator closed meanwhile, after a restart say, is one), and
-//! `acquire` is not, since the grant may have happened: its error says the
-//! outcome is unknown.
+//! left (a close that came too late to be seen before sending is one), no
+//! answer in time, `unavailable`, `outcome_unknown` — `renew`, `release`
+//! and `status` are tried again, and `acquire` is not, since the grant may
+//! have happened: its error says the outcome is unknown.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -288,7 +289,8 @@ impl FrameClient {
             })?,
         };
         let mut sent = exchange(&mut conn, req, limit).await;
-        // An idle connection closed by the coordinator meanwhile: once more on a new one.
+        // A pooled connection that broke with the request sent (a close seen
+        // too late): once more on a new one, for a call safe to repeat.
         if reused && safety == Safety::Idempotent && matches!(sent, Err(Exchange::Io(_) | Exchange::Closed)) {
             conn = endpoint.open(options).await.map_err(Attempt::Unsent)?;
             sent = exchange(&mut conn, req, limit).await;

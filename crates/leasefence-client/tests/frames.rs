@@ -2,8 +2,9 @@
 //! one conformance scenario that the gRPC client and the frame client pass
 //! alike (same answers, same typed refusals), access control by token and by
 //! client certificate, TLS and its mismatches, a standby's refusal and moving
-//! on from it (or from a coordinator that is down), and the retry rules after
-//! the coordinator closed an idle connection.
+//! on from it (or from a coordinator that is down), a pooled connection the
+//! coordinator closed while idle, and the retry rules after a connection
+//! broke with a request sent.
 
 #[path = "../../leasefence-server/tests/support/certs.rs"]
 mod certs;
@@ -438,7 +439,7 @@ async fn serve_on(
 }
 
 #[tokio::test]
-async fn after_the_coordinator_closed_an_idle_connection_only_safe_calls_are_retried() {
+async fn a_connection_the_coordinator_closed_while_idle_is_not_used() {
     let frames: SocketAddr = {
         let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("probe");
         probe.local_addr().expect("addr")
@@ -455,16 +456,89 @@ async fn after_the_coordinator_closed_an_idle_connection_only_safe_calls_are_ret
     let _ = stop.send(());
     let _ = done.await;
     let (stop, done, _second) = serve_on(frames).await;
-    let status = client.status(&r).await.expect("status is retried on a new connection");
+    let status = client.status(&r).await.expect("status goes on a new connection");
     assert_eq!(status.last_token, None, "answered by the new coordinator's fresh store");
     let _ = stop.send(());
     let _ = done.await;
+    // An acquire is not safe to send twice, but this one was never sent:
+    // the connection had closed before it, so it goes on a new one.
     let (_stop, _done, _third) = serve_on(frames).await;
+    let again = client
+        .acquire(&r, TTL, None, Duration::ZERO)
+        .await
+        .expect("an acquire after a restart is granted, not left in doubt");
+    assert_eq!(again.token.get(), 1);
+}
+
+/// A frame port that welcomes every connection, answers its first request
+/// with a status, then reads the second and closes without an answer: a
+/// connection that breaks after the request left. The count of requests
+/// it read is kept in `seen`.
+async fn breaks_after_the_second_request(seen: std::sync::Arc<std::sync::atomic::AtomicUsize>) -> SocketAddr {
+    use leasefence_proto::frame::{self, Request, Response};
+    use std::sync::atomic::Ordering;
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut out = Vec::new();
+                for answer in [
+                    Some(Response::Welcome {
+                        version: frame::VERSION,
+                    }),
+                    Some(Response::Status {
+                        last_token: 7,
+                        held: None,
+                        waiters: 0,
+                    }),
+                    None,
+                ] {
+                    if !matches!(frame::read_frame(&mut s, &mut buf).await, Ok(true)) {
+                        return;
+                    }
+                    if !matches!(frame::decode_request(&buf), Ok(Request::Hello { .. })) {
+                        seen.fetch_add(1, Ordering::SeqCst);
+                    }
+                    let Some(answer) = answer else { return };
+                    out.clear();
+                    frame::encode_response(&answer, &mut out);
+                    if s.write_all(&out).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn after_a_connection_breaks_with_the_request_sent_only_safe_calls_are_retried() {
+    use std::sync::atomic::Ordering;
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let addr = breaks_after_the_second_request(seen.clone()).await;
+    let client = FrameClient::connect(&format!("leasefence://{addr}"), ClientOptions::default())
+        .await
+        .expect("client");
+    let r = resource("broken");
+    assert_eq!(
+        client.status(&r).await.expect("answered").last_token.map(Token::get),
+        Some(7)
+    );
+    // The pooled connection breaks after this status left: it is asked
+    // again on a new connection.
+    let status = client.status(&r).await.expect("status is retried on a new connection");
+    assert_eq!(status.last_token.map(Token::get), Some(7));
+    assert_eq!(seen.load(Ordering::SeqCst), 3, "the second status was sent twice");
+    // The new connection breaks after this acquire left: the grant may
+    // have happened, so it is not sent again.
     match client.acquire(&r, TTL, None, Duration::ZERO).await {
         Err(ClientError::Transport { message, .. }) => assert!(message.contains("outcome unknown"), "{message}"),
-        other => panic!("an acquire on a closed connection is not retried, got {other:?}"),
+        other => panic!("an acquire whose connection broke after it left is not retried, got {other:?}"),
     }
-    // The broken connection is gone: the next call opens a new one.
-    let again = client.acquire(&r, TTL, None, Duration::ZERO).await.expect("granted");
-    assert_eq!(again.token.get(), 1);
+    assert_eq!(seen.load(Ordering::SeqCst), 4, "the acquire was sent once");
 }

@@ -2,12 +2,14 @@
 //! it (TCP, or TLS), its pool of idle connections, and one exchange of a
 //! request and its answer on a connection.
 
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Waker};
 use std::time::Duration;
 
 use leasefence_core::Invalid;
 use leasefence_proto::frame::{self, Request, Response};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufRead, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 use crate::{ClientError, ClientOptions};
@@ -25,6 +27,18 @@ pub(super) struct Conn {
 }
 
 type TlsTarget = (tokio_rustls::TlsConnector, rustls::pki_types::ServerName<'static>);
+
+impl Conn {
+    /// Whether this idle connection can no longer carry a request: the
+    /// coordinator closed it, it failed, or it holds bytes no request asked
+    /// for (the stream is out of step). Looks without waiting; a close the
+    /// runtime has not yet seen shows as open, and is then found by the
+    /// exchange, as before this look.
+    fn closed_while_idle(&mut self) -> bool {
+        let mut cx = Context::from_waker(Waker::noop());
+        Pin::new(&mut self.io).poll_fill_buf(&mut cx).is_ready()
+    }
+}
 
 /// A coordinator's frame port.
 pub(super) struct Endpoint {
@@ -58,8 +72,18 @@ impl Endpoint {
         })
     }
 
+    /// An idle connection of the pool that is still open, if any; those the
+    /// coordinator closed meanwhile (a restart, a failover) are dropped, so
+    /// that a call which must not be sent twice is not lost in doubt on a
+    /// connection known to be dead before it was sent.
     pub fn take_idle(&self) -> Option<Conn> {
-        self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop()
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        while let Some(mut conn) = idle.pop() {
+            if !conn.closed_while_idle() {
+                return Some(conn);
+            }
+        }
+        None
     }
 
     pub fn put_back(&self, conn: Conn) {
