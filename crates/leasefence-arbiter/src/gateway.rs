@@ -24,10 +24,14 @@ mod http;
 pub mod precondition;
 mod reply;
 mod store;
+#[cfg(test)]
+#[path = "gateway/vanish_tests.rs"]
+mod vanish_tests;
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use leasefence_core::Invalid;
 
@@ -109,6 +113,45 @@ impl Gateway {
     /// handler in it must be installed before it is passed in.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
         let app = http::router(self.store);
-        axum::serve(self.listener, app).with_graceful_shutdown(shutdown).await
+        let listener = axum::serve::ListenerExt::tap_io(self.listener, accepted);
+        axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+    }
+}
+
+/// How long a connection is silent before the first keepalive probe (as on
+/// the coordinator's ports).
+#[cfg(not(test))]
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+/// Shorter under test, so that a vanished client is seen within seconds.
+#[cfg(test)]
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(1);
+/// Between probes.
+#[cfg(not(test))]
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+#[cfg(test)]
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
+/// Unanswered probes before the connection is ended.
+const KEEPALIVE_PROBES: u32 = if cfg!(test) { 2 } else { 3 };
+
+/// Sets up a connection just accepted: Nagle's algorithm off (each answer is
+/// one small write its client waits for), and TCP keepalive on. A client
+/// that vanished mid-upload without closing (a host powered off, a VM
+/// stopped, the network cut for good) would otherwise keep its request
+/// waiting for the rest of the body, and its temp file on disk, until the
+/// gateway restarts; with keepalive the kernel ends the connection after
+/// about a minute of unanswered probes, and the request's temp file is
+/// removed. A live client that is only slow or paused answers the probes
+/// and is not touched. A failure to set either costs speed or that early
+/// end, never correctness, so it is only logged.
+fn accepted(tcp: &mut tokio::net::TcpStream) {
+    if let Err(e) = tcp.set_nodelay(true) {
+        tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+    }
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_PROBES);
+    if let Err(e) = socket2::SockRef::from(&*tcp).set_tcp_keepalive(&keepalive) {
+        tracing::debug!(error = %e, "cannot turn TCP keepalive on");
     }
 }

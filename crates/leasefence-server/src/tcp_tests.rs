@@ -2,13 +2,9 @@
 //! when its host is powered off or its VM stopped) gives its place under
 //! `--connections-max` back, on the main port and on the frame port.
 //!
-//! The client is made to vanish with `TCP_REPAIR`: a socket closed in repair
-//! mode is forgotten by its kernel without a word to the peer. That needs
-//! `CAP_NET_ADMIN`; without it the test fails under `CI=true` and says it
-//! skipped elsewhere.
+//! The client is made to vanish with `TCP_REPAIR` (see `vanish`).
 
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use leasefence_proto::frame::{self, Request, Response};
@@ -18,6 +14,10 @@ use tokio::net::TcpStream;
 use crate::auth::Limits;
 use crate::tcp::{KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES};
 use crate::{Server, ServerConfig};
+
+#[path = "../tests/support/vanish.rs"]
+mod vanish;
+use vanish::vanish;
 
 /// A coordinator that serves one connection at a time on each port.
 async fn serve_one_connection() -> (SocketAddr, SocketAddr, tempfile::TempDir) {
@@ -33,36 +33,6 @@ async fn serve_one_connection() -> (SocketAddr, SocketAddr, tempfile::TempDir) {
     let frames = server.frames_addr().expect("frames configured").expect("bound");
     tokio::spawn(server.run(std::future::pending()));
     (main, frames, dir)
-}
-
-/// Closes `stream` so that the peer is never told: `false` when this
-/// process may not (no `CAP_NET_ADMIN`).
-fn vanish(stream: TcpStream) -> bool {
-    let stream = stream.into_std().expect("a std socket");
-    let on: libc::c_int = 1;
-    // SAFETY: the descriptor is an open TCP socket owned by `stream`, which
-    // outlives the call; the value is a c_int of the size given.
-    let rc = unsafe {
-        libc::setsockopt(
-            stream.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_REPAIR,
-            (&raw const on).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        let e = std::io::Error::last_os_error();
-        assert_ne!(
-            std::env::var("CI").as_deref(),
-            Ok("true"),
-            "CI=true needs CAP_NET_ADMIN to make a client vanish (TCP_REPAIR): {e}"
-        );
-        eprintln!("skipped: cannot make a client vanish without CAP_NET_ADMIN (TCP_REPAIR: {e})");
-        return false;
-    }
-    drop(stream);
-    true
 }
 
 /// `GET /healthz` on `s`, kept open: the answer's status line.
