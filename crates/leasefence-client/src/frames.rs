@@ -18,8 +18,9 @@
 //! Connections: one call in flight on each; a call takes an idle connection
 //! or opens one, and gives it back after a whole answer, so concurrent
 //! callers on one client (it is cheap to clone) each get their own. An idle
-//! connection the coordinator closed meanwhile (after a restart, say) is
-//! dropped when a call looks for one, before anything is sent on it. Every
+//! connection the coordinator closed meanwhile (after a restart, say), or
+//! that TCP keepalive found dead (its host gone without a word), is dropped
+//! when a call looks for one, before anything is sent on it. Every
 //! call has the deadline of [`ClientOptions::call_timeout`] (plus the wait
 //! of an acquire); a connection whose call failed or timed out is dropped.
 //!
@@ -376,6 +377,10 @@ fn deadline_after(limit: Duration) -> Instant {
     let now = Instant::now();
     now.checked_add(limit).unwrap_or_else(|| now + FAR)
 }
+
+#[cfg(test)]
+#[path = "frames/keepalive_tests.rs"]
+mod keepalive_tests;
 
 #[cfg(test)]
 mod tests {

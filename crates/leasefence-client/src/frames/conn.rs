@@ -17,6 +17,21 @@ use crate::{ClientError, ClientOptions};
 /// Idle connections kept for reuse per coordinator; more are closed when given back.
 const IDLE_MAX: usize = 64;
 
+/// How long a connection is silent before the first keepalive probe (the
+/// coordinator's settings).
+#[cfg(not(test))]
+pub(super) const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+/// Shorter under test, so that a vanished coordinator is seen within seconds.
+#[cfg(test)]
+pub(super) const KEEPALIVE_IDLE: Duration = Duration::from_secs(1);
+/// Between probes.
+#[cfg(not(test))]
+pub(super) const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+#[cfg(test)]
+pub(super) const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
+/// Unanswered probes before the connection is ended.
+pub(super) const KEEPALIVE_PROBES: u32 = if cfg!(test) { 2 } else { 3 };
+
 trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
@@ -116,6 +131,15 @@ impl Endpoint {
             .map_err(|e| self.transport(e.to_string()))?;
         // Each request is one small write its caller waits on.
         let _ = tcp.set_nodelay(true);
+        // A coordinator whose host vanished without closing the connection
+        // (powered off, cut off) is then found dead while the connection
+        // idles in the pool, which drops it (`take_idle`) before a call is
+        // sent into the void. Failing to set it only loses that early drop.
+        let keepalive = socket2::TcpKeepalive::new()
+            .with_time(KEEPALIVE_IDLE)
+            .with_interval(KEEPALIVE_INTERVAL)
+            .with_retries(KEEPALIVE_PROBES);
+        let _ = socket2::SockRef::from(&tcp).set_tcp_keepalive(&keepalive);
         let io: Box<dyn Io> = match &self.tls {
             None => Box::new(tcp),
             Some((connector, name)) => Box::new(connector.connect(name.clone(), tcp).await.map_err(|e| {
