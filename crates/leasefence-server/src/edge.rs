@@ -1,6 +1,7 @@
-//! The listening socket as `axum::serve` sees it: plain TCP, or TLS whose
-//! handshakes run beside the accept loop, so that graceful shutdown and the
-//! fatal drain are the same code for both.
+//! The main port's connections: plain TCP, or TLS whose handshakes run
+//! beside the accept loop, so that graceful shutdown and the fatal drain are
+//! the same code for both; and how each is served (`serve`: the serve loop
+//! and its deadlines for silent clients).
 //!
 //! On a TLS port the first byte of every connection is peeked at. A TLS
 //! handshake starts with 0x16; anything else is a plaintext client, which is
@@ -31,7 +32,7 @@ use std::time::Duration;
 
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
-use axum::serve::{IncomingStream, Listener};
+use axum::serve::Listener;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc};
@@ -41,6 +42,9 @@ use crate::peer::PeerCertificate;
 use crate::tls::{Tls, peer_certificate};
 
 mod plaintext;
+pub(crate) mod serve;
+
+pub(crate) use serve::serve;
 
 /// Longest a client may take from connecting to a finished TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -88,8 +92,8 @@ impl Listener for EdgeListener {
 }
 
 /// Hands out connections whose TLS handshake is done; a task accepts and
-/// runs the handshakes, and stops when this is dropped (as `axum::serve`
-/// does when it stops accepting).
+/// runs the handshakes, and stops when this is dropped (as `serve` does
+/// when it stops accepting).
 pub(crate) struct TlsListener {
     local: SocketAddr,
     ready: mpsc::Receiver<(EdgeIo, SocketAddr)>,
@@ -309,17 +313,11 @@ impl EdgeService {
     }
 }
 
-impl tower::Service<IncomingStream<'_, EdgeListener>> for EdgeService {
-    type Response = WithPeer;
-    type Error = Infallible;
-    type Future = std::future::Ready<Result<WithPeer, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, incoming: IncomingStream<'_, EdgeListener>) -> Self::Future {
-        let io = incoming.io();
+impl EdgeService {
+    /// The service of a connection just accepted. It holds the
+    /// connection's place under the limit (or, over it, refuses every
+    /// request) until the connection closes.
+    pub(crate) fn connection(&self, io: &EdgeIo) -> WithPeer {
         // Held by this connection's service (and its per-request clones):
         // freed when the connection closes.
         let permit = self.connections.clone().try_acquire_owned().ok().map(Arc::new);
@@ -328,12 +326,12 @@ impl tower::Service<IncomingStream<'_, EdgeListener>> for EdgeService {
             (Some(_), true) => (&self.refuse, None),
             (Some(_), false) => (&self.app, self.grpc.as_ref()),
         };
-        std::future::ready(Ok(WithPeer {
+        WithPeer {
             app: app.clone(),
             grpc: grpc.cloned(),
             peer: io.peer_certificate().cloned(),
             _permit: permit,
-        }))
+        }
     }
 }
 
@@ -357,7 +355,7 @@ pub(crate) struct WithPeer {
     _permit: Option<Arc<tokio::sync::OwnedSemaphorePermit>>,
 }
 
-impl tower::Service<Request> for WithPeer {
+impl tower::Service<hyper::Request<hyper::body::Incoming>> for WithPeer {
     type Response = Response;
     type Error = Infallible;
     type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
@@ -372,7 +370,8 @@ impl tower::Service<Request> for WithPeer {
         tower::Service::<Request>::poll_ready(&mut self.app, cx)
     }
 
-    fn call(&mut self, mut req: Request) -> Self::Future {
+    fn call(&mut self, req: hyper::Request<hyper::body::Incoming>) -> Self::Future {
+        let mut req = req.map(axum::body::Body::new);
         if let Some(p) = &self.peer {
             req.extensions_mut().insert(p.clone());
         }

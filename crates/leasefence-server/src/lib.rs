@@ -33,6 +33,8 @@ pub mod metrics;
 pub mod node;
 pub mod peer;
 pub mod quota;
+#[cfg(test)]
+mod silent_tests;
 mod tcp;
 #[cfg(test)]
 mod tcp_tests;
@@ -243,11 +245,11 @@ impl Mode {
                     shutdown.await;
                     stop_on.send_replace(true);
                 };
-                let result = axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
+                edge::serve(listener, app, shutdown).await;
                 stop.send_replace(true);
                 // The election steps down and resigns, so a standby need not wait out the TTL.
                 let _ = tokio::time::timeout(FATAL_DRAIN * 5, election).await;
-                result.map_err(ServerError::Serve)
+                Ok(())
             }
         }
     }
@@ -295,14 +297,14 @@ async fn run_single(
         }
         stopping.stop();
     };
-    let serving = axum::serve(listener, app).with_graceful_shutdown(shutdown);
+    let serving = edge::serve(listener, app, shutdown);
     // After a fatal failure the stop does not wait long for slow connections.
     let drained = async {
         let _ = fatal_rx.wait_for(Option::is_some).await;
         tokio::time::sleep(2 * FATAL_DRAIN).await;
     };
     let result = tokio::select! {
-        r = serving => r.map_err(ServerError::Serve),
+        () = serving => Ok(()),
         () = drained => Ok(()),
     };
     engine.stop();

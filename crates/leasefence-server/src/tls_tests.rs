@@ -56,7 +56,11 @@ async fn serve(tls: Option<Tls>) -> SocketAddr {
         }),
     );
     let listener = EdgeListener::new(tcp, tls).expect("listener");
-    tokio::spawn(async move { axum::serve(listener, EdgeService::new(app, usize::MAX)).await });
+    tokio::spawn(crate::edge::serve(
+        listener,
+        EdgeService::new(app, usize::MAX),
+        std::future::pending(),
+    ));
     addr
 }
 
@@ -299,4 +303,23 @@ async fn silent_connections_do_not_hold_up_the_handshakes_of_others() {
     assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
     assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
     drop(silent);
+}
+
+#[tokio::test]
+async fn a_client_silent_after_its_handshake_is_closed() {
+    let s = setup(None);
+    let addr = serve(Some(Tls::load(&s.tls).expect("tls"))).await;
+    let tcp = TcpStream::connect(addr).await.expect("connect");
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(client_config(&s.ca.pem, None)));
+    let name = ServerName::try_from("127.0.0.1").expect("name");
+    let mut tls = connector.connect(name, tcp).await.expect("handshake");
+    let started = Instant::now();
+    let mut buf = [0u8; 64];
+    let bound = crate::edge::serve::FIRST_BYTES_TIMEOUT + Duration::from_secs(3);
+    let read = tokio::time::timeout(bound, tls.read(&mut buf)).await;
+    assert!(
+        matches!(read, Ok(Ok(0) | Err(_))),
+        "a TLS client that sent no request is closed: {read:?} after {:?}",
+        started.elapsed()
+    );
 }

@@ -237,10 +237,11 @@ async fn bind_etcd(_: ServerConfig, _: &str, _: Option<String>, _: HaConfig) -> 
 }
 
 /// Completes on SIGINT or SIGTERM. The handlers are installed when this is
-/// called, not when the future is first polled: `axum::serve` polls it from a
-/// task of its own that may run only after the first connections are served,
-/// and a SIGTERM that came before would take the signal's default action
-/// (killed, nothing drained). Call it before the listening line is printed.
+/// called, not when the future is first polled: the server's serve loop
+/// polls it from a task of its own that may run only after the first
+/// connections are served, and a SIGTERM that came before would take the
+/// signal's default action (killed, nothing drained). Call it before the
+/// listening line is printed.
 pub(crate) fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
     use tokio::signal::unix::SignalKind;
     let term = handler(SignalKind::terminate(), "SIGTERM");
