@@ -31,6 +31,7 @@ echo "target dir $CARGO_TARGET_DIR: ${used} GB reused; ${free} GB free, about ${
 if [ "$used" -gt $(( 2 * COLD_GB )) ] || { [ "$free" -lt "$need" ] && [ "$used" -gt 0 ]; }; then
   echo "removing the reused build (cargo clean) and building cold"
   cargo clean -q
+  mkdir -p "$CARGO_TARGET_DIR"
   used=0
   free=$(free_gb)
   need=$(( COLD_GB + REBUILD_GB ))
