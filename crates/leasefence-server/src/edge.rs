@@ -311,9 +311,7 @@ impl EdgeService {
         self.grpc = Some(grpc);
         self
     }
-}
 
-impl EdgeService {
     /// The service of a connection just accepted. It holds the
     /// connection's place under the limit (or, over it, refuses every
     /// request) until the connection closes.

@@ -303,13 +303,13 @@ async fn run_single(
         let _ = fatal_rx.wait_for(Option::is_some).await;
         tokio::time::sleep(2 * FATAL_DRAIN).await;
     };
-    let result = tokio::select! {
-        () = serving => Ok(()),
-        () = drained => Ok(()),
-    };
+    tokio::select! {
+        () = serving => {}
+        () = drained => {}
+    }
     engine.stop();
     match fatal_rx.borrow().clone() {
         Some(e) => Err(ServerError::Fatal(e)),
-        None => result,
+        None => Ok(()),
     }
 }
