@@ -33,6 +33,13 @@ pub struct ServerConfig {
     /// Where the frame protocol (`leasefence://`, see [`crate::frames`]) is
     /// served, with the same TLS and access control; `None`: not served.
     pub frames_listen: Option<SocketAddr>,
+    /// How long a main-port connection may have nothing in progress (no
+    /// request being served, no stream open) before it is told to close:
+    /// HTTP/2 gets a GOAWAY, after which its client opens a new connection
+    /// for its next call. Open keep-alive and watch streams count as in
+    /// progress. An idle HTTP/1 connection closes sooner, at the header
+    /// timeout (see `edge::serve`).
+    pub connection_idle: Duration,
 }
 
 impl ServerConfig {
@@ -40,6 +47,7 @@ impl ServerConfig {
     pub const DEFAULT_DATA_DIR: &'static str = "leasefence-data";
     pub const DEFAULT_WAIT_MAX: Duration = Duration::from_secs(300);
     pub const DEFAULT_BATCH_MAX: usize = 4096;
+    pub const DEFAULT_CONNECTION_IDLE: Duration = Duration::from_secs(300);
 
     pub fn new(listen: SocketAddr, data_dir: PathBuf) -> ServerConfig {
         ServerConfig {
@@ -55,6 +63,7 @@ impl ServerConfig {
             limits: crate::auth::Limits::default(),
             tls: None,
             frames_listen: None,
+            connection_idle: Self::DEFAULT_CONNECTION_IDLE,
         }
     }
 }

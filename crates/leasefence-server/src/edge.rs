@@ -20,7 +20,10 @@
 //!
 //! A request under the gRPC service's path goes straight to the service;
 //! every other request to the HTTP router (axum), whose fallback answers
-//! unknown paths in JSON or, to a gRPC client, `UNIMPLEMENTED`.
+//! unknown paths in JSON or, to a gRPC client, `UNIMPLEMENTED`. Each
+//! request is counted in its connection's [`Activity`] until its answer has
+//! been sent, and its body has a deadline ([`activity`]), except a
+//! keep-alive stream's, which goes on for as long as its client renews.
 
 use std::convert::Infallible;
 use std::io;
@@ -40,7 +43,9 @@ use tokio_rustls::server::TlsStream;
 
 use crate::peer::PeerCertificate;
 use crate::tls::{Tls, peer_certificate};
+use activity::{Activity, Deadline, Tracked};
 
+pub(crate) mod activity;
 mod plaintext;
 pub(crate) mod serve;
 
@@ -289,10 +294,12 @@ pub(crate) struct EdgeService {
     /// Serves a connection over the limit.
     busy: axum::Router,
     connections: Arc<Semaphore>,
+    /// How long a connection may have nothing in progress (see `serve`).
+    pub(crate) idle: Duration,
 }
 
 impl EdgeService {
-    pub(crate) fn new(app: axum::Router, connections_max: usize) -> EdgeService {
+    pub(crate) fn new(app: axum::Router, connections_max: usize, idle: Duration) -> EdgeService {
         let max = connections_max.min(Semaphore::MAX_PERMITS);
         EdgeService {
             app,
@@ -300,6 +307,7 @@ impl EdgeService {
             refuse: axum::Router::new().fallback(certificate_required),
             busy: axum::Router::new().fallback(move |req: Request| too_many_connections(req, max)),
             connections: Arc::new(Semaphore::new(max)),
+            idle,
         }
     }
 
@@ -328,6 +336,7 @@ impl EdgeService {
             app: app.clone(),
             grpc: grpc.cloned(),
             peer: io.peer_certificate().cloned(),
+            activity: Activity::new(),
             _permit: permit,
         }
     }
@@ -344,13 +353,28 @@ fn is_grpc_path(path: &str) -> bool {
         .is_some_and(|rest| rest.starts_with('/'))
 }
 
+/// Whether `path` is the gRPC keep-alive method, whose request body is a
+/// stream of renewals with no end in sight.
+fn is_keep_alive_path(path: &str) -> bool {
+    use tonic::server::NamedService;
+    path.strip_prefix('/').and_then(|p| p.strip_prefix(Grpc::NAME)) == Some("/KeepAlive")
+}
+
 /// The service of one connection.
 #[derive(Clone)]
 pub(crate) struct WithPeer {
     app: axum::Router,
     grpc: Option<Grpc>,
     peer: Option<PeerCertificate>,
+    /// What the connection has in progress, shared with its serve loop.
+    activity: Arc<Activity>,
     _permit: Option<Arc<tokio::sync::OwnedSemaphorePermit>>,
+}
+
+impl WithPeer {
+    pub(crate) fn activity(&self) -> Arc<Activity> {
+        self.activity.clone()
+    }
 }
 
 impl tower::Service<hyper::Request<hyper::body::Incoming>> for WithPeer {
@@ -369,7 +393,12 @@ impl tower::Service<hyper::Request<hyper::body::Incoming>> for WithPeer {
     }
 
     fn call(&mut self, req: hyper::Request<hyper::body::Incoming>) -> Self::Future {
-        let mut req = req.map(axum::body::Body::new);
+        let busy = self.activity.begin();
+        let mut req = if is_keep_alive_path(req.uri().path()) {
+            req.map(axum::body::Body::new)
+        } else {
+            req.map(|body| axum::body::Body::new(Deadline::new(body)))
+        };
         if let Some(p) = &self.peer {
             req.extensions_mut().insert(p.clone());
         }
@@ -379,10 +408,14 @@ impl tower::Service<hyper::Request<hyper::body::Incoming>> for WithPeer {
             let answer = tower::Service::call(grpc, req);
             return Box::pin(async move {
                 let Ok(response) = answer.await;
-                Ok(response.map(axum::body::Body::new))
+                Ok(response.map(|body| axum::body::Body::new(Tracked::new(body, busy))))
             });
         }
-        Box::pin(tower::Service::<Request>::call(&mut self.app, req))
+        let answer = tower::Service::<Request>::call(&mut self.app, req);
+        Box::pin(async move {
+            let Ok(response) = answer.await;
+            Ok(response.map(|body| axum::body::Body::new(Tracked::new(body, busy))))
+        })
     }
 }
 

@@ -28,7 +28,8 @@
 //! The edges answer in JSON too: an unknown path is `404 not_found` (unless
 //! the request is gRPC, which gets gRPC's UNIMPLEMENTED: both share the
 //! port), a wrong method on a known path `405 method_not_allowed`, a body over
-//! [`BODY_BYTES_MAX`] `413 payload_too_large`.
+//! [`BODY_BYTES_MAX`] `413 payload_too_large`, a body that does not arrive
+//! whole in time `408 request_timeout`.
 
 use std::sync::Arc;
 
@@ -43,6 +44,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::{Value, json};
 
 use crate::auth::{Access, Caller};
+use crate::edge::activity::BodyTimedOut;
 use crate::{ApiError, Engine, Node, wire};
 use leasefence_core::access::Verb;
 
@@ -143,9 +145,11 @@ const DRAIN_TIME_MAX: std::time::Duration = std::time::Duration::from_secs(2);
 /// to its end (up to [`DRAIN_BYTES_MAX`] within [`DRAIN_TIME_MAX`]) before
 /// the answer: a server that closes with a body still unread resets the
 /// connection, and the client, still writing, loses the 413 that says why.
-/// A declared `Content-Length` is judged at once; a body without one
-/// (chunked) is read here up to the limit and handed on whole. gRPC calls
-/// (streams among them) are left to their own limits.
+/// A declared `Content-Length` is judged at once; every other body is read
+/// here up to the limit and handed on whole, so that one that does not
+/// arrive in time (the edge's body deadline, see `edge::activity`) is
+/// answered `408 request_timeout` in JSON. gRPC calls (streams among them)
+/// are left to their own limits.
 async fn refuse_oversize(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
     use axum::body::HttpBody;
     let declared = req
@@ -157,11 +161,11 @@ async fn refuse_oversize(req: axum::extract::Request, next: axum::middleware::Ne
         .headers()
         .get(header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
-    match declared {
-        Some(n) if n <= BODY_BYTES_MAX as u64 => return next.run(req).await,
-        Some(_) => return drain_and_refuse(req.into_body().into_data_stream()).await,
-        None if grpc || req.body().is_end_stream() => return next.run(req).await,
-        None => {}
+    if declared.is_some_and(|n| n > BODY_BYTES_MAX as u64) {
+        return drain_and_refuse(req.into_body().into_data_stream()).await;
+    }
+    if grpc || req.body().is_end_stream() {
+        return next.run(req).await;
     }
     let (parts, body) = req.into_parts();
     let mut body = body.into_data_stream();
@@ -169,13 +173,9 @@ async fn refuse_oversize(req: axum::extract::Request, next: axum::middleware::Ne
     {
         use tokio_stream::StreamExt;
         while let Some(chunk) = body.next().await {
-            let Ok(chunk) = chunk else {
-                let message = "the request body could not be read to its end";
-                return Failure(
-                    StatusCode::BAD_REQUEST,
-                    json!({ "error": "invalid", "message": message }),
-                )
-                .into_response();
+            let chunk = match chunk {
+                Ok(chunk) => chunk,
+                Err(e) => return unreadable(e),
             };
             if whole.len() + chunk.len() > BODY_BYTES_MAX {
                 return drain_and_refuse(body).await;
@@ -185,6 +185,28 @@ async fn refuse_oversize(req: axum::extract::Request, next: axum::middleware::Ne
     }
     let req = axum::extract::Request::from_parts(parts, axum::body::Body::from(whole));
     next.run(req).await
+}
+
+/// The answer to a body that failed while it was read: late (408), or
+/// broken off (400). The connection closes after it: the rest of the body
+/// could not be told from the next request.
+fn unreadable(e: axum::Error) -> Response {
+    let e = e.into_inner();
+    let mut response = match e.downcast_ref::<BodyTimedOut>() {
+        Some(late) => Failure(
+            StatusCode::REQUEST_TIMEOUT,
+            json!({ "error": "request_timeout", "message": late.to_string() }),
+        ),
+        None => Failure(
+            StatusCode::BAD_REQUEST,
+            json!({ "error": "invalid", "message": "the request body could not be read to its end" }),
+        ),
+    }
+    .into_response();
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+    response
 }
 
 /// Reads what is left of a refused body (bounded), then answers 413 and

@@ -88,6 +88,7 @@ pub struct Server {
     metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     access: Arc<auth::Access>,
     tls: Option<tls::Tls>,
+    connection_idle: std::time::Duration,
 }
 
 enum Mode {
@@ -132,6 +133,7 @@ impl Server {
             access: Arc::new(auth::Access::new(config.policy, config.limits)),
             metrics: config.metrics,
             tls: config.tls,
+            connection_idle: config.connection_idle,
         })
     }
 
@@ -164,6 +166,7 @@ impl Server {
             access: Arc::new(auth::Access::new(config.policy, config.limits)),
             metrics: config.metrics,
             tls: config.tls,
+            connection_idle: config.connection_idle,
         })
     }
 
@@ -196,6 +199,7 @@ impl Server {
         let app = EdgeService::new(
             http::router(self.node.clone(), self.metrics, self.access.clone()),
             connections_max,
+            self.connection_idle,
         )
         .with_grpc(grpc);
         if let Ok(addr) = self.listener.local_addr() {

@@ -1,7 +1,8 @@
-//! A live client that connects to the main port and sends nothing, or only
-//! part of a request head, gives its place under `--connections-max` back
-//! after the serve loop's deadlines (see `edge::serve`); an HTTP/2 client
-//! that stays silent after its preface keeps its connection.
+//! A live client that connects to the main port and sends nothing, only
+//! part of a request head, or only part of a request body, gives its place
+//! under `--connections-max` back after the serve loop's deadlines (see
+//! `edge::serve`); so does a connection with nothing in progress for the
+//! idle timeout, while one with a stream open keeps its place.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -10,16 +11,25 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::auth::Limits;
+use crate::edge::activity::BODY_TIMEOUT;
 use crate::edge::serve::{FIRST_BYTES_TIMEOUT, HEADER_READ_TIMEOUT};
 use crate::tcp_tests::healthz;
 use crate::{Server, ServerConfig};
 
 /// The HTTP/2 connection preface.
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const DATA: u8 = 0x0;
+const HEADERS: u8 = 0x1;
 const SETTINGS: u8 = 0x4;
 const PING: u8 = 0x6;
 const GOAWAY: u8 = 0x7;
 const ACK: u8 = 0x1;
+const END_STREAM: u8 = 0x1;
+const END_HEADERS: u8 = 0x4;
+
+/// The idle timeout of these tests' coordinators: longer than the other
+/// deadlines, so that a silence that outlasts them can be told from it.
+const IDLE: Duration = Duration::from_secs(3);
 
 /// A coordinator that serves one connection at a time on its main port.
 async fn serve_one_connection() -> (SocketAddr, tempfile::TempDir) {
@@ -29,6 +39,7 @@ async fn serve_one_connection() -> (SocketAddr, tempfile::TempDir) {
         connections_max: 1,
         ..Limits::default()
     };
+    config.connection_idle = IDLE;
     let server = Server::bind(config).await.expect("bind");
     let main = server.local_addr().expect("bound");
     tokio::spawn(server.run(std::future::pending()));
@@ -67,15 +78,19 @@ async fn closed_within(s: &mut TcpStream, bound: Duration) -> bool {
     }
 }
 
+/// A new connection to `main` that has sent `bytes` and holds the only slot.
+async fn holding_the_slot(main: SocketAddr, bytes: &[u8], what: &str) -> TcpStream {
+    let mut s = TcpStream::connect(main).await.expect("connect");
+    s.write_all(bytes).await.expect("write");
+    let (status, _refused) = healthz(main).await;
+    assert!(status.starts_with("HTTP/1.1 429"), "{what} holds the slot: {status}");
+    s
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_sends_nothing_gives_its_connection_back() {
     let (main, _dir) = serve_one_connection().await;
-    let mut silent = TcpStream::connect(main).await.expect("connect");
-    let (status, _refused) = healthz(main).await;
-    assert!(
-        status.starts_with("HTTP/1.1 429"),
-        "the silent client holds the slot: {status}"
-    );
+    let mut silent = holding_the_slot(main, b"", "the silent client").await;
     let bound = FIRST_BYTES_TIMEOUT + Duration::from_secs(3);
     wait_for_slot(main, bound, "a client that sent nothing").await;
     assert!(
@@ -87,15 +102,8 @@ async fn a_client_that_sends_nothing_gives_its_connection_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_stops_inside_a_request_head_gives_its_connection_back() {
     let (main, _dir) = serve_one_connection().await;
-    let mut slow = TcpStream::connect(main).await.expect("connect");
-    slow.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n")
-        .await
-        .expect("write");
-    let (status, _refused) = healthz(main).await;
-    assert!(
-        status.starts_with("HTTP/1.1 429"),
-        "the slow client holds the slot: {status}"
-    );
+    let head = b"GET /healthz HTTP/1.1\r\nhost: x\r\n";
+    let mut slow = holding_the_slot(main, head, "the slow client").await;
     let bound = HEADER_READ_TIMEOUT + Duration::from_secs(3);
     wait_for_slot(main, bound, "a client that stopped inside its request head").await;
     assert!(
@@ -116,15 +124,116 @@ async fn an_http1_connection_idle_between_requests_is_closed_after_the_header_ti
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_http2_client_that_stays_silent_keeps_its_connection() {
+async fn a_client_that_stops_inside_a_request_body_is_answered_and_gives_its_connection_back() {
+    let (main, _dir) = serve_one_connection().await;
+    let head = "POST /v1/acquire HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 64";
+    let partial = format!("{head}\r\n\r\n{{\"resource\":");
+    let mut slow = holding_the_slot(main, partial.as_bytes(), "the slow client").await;
+    let started = Instant::now();
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(BODY_TIMEOUT + Duration::from_secs(3), slow.read(&mut buf))
+        .await
+        .expect("answered within the body timeout")
+        .expect("read");
+    let answer = String::from_utf8_lossy(&buf[..n]).to_string();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains(r#""error":"request_timeout""#), "{answer}");
+    assert!(
+        answer.contains("request body did not arrive whole"),
+        "says what was late: {answer}"
+    );
+    assert!(
+        started.elapsed() >= BODY_TIMEOUT - Duration::from_millis(200),
+        "{answer}"
+    );
+    let bound = Duration::from_secs(3);
+    wait_for_slot(main, bound, "a client that stopped inside its request body").await;
+    assert!(
+        closed_within(&mut slow, Duration::from_secs(1)).await,
+        "and its connection was closed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_connection_with_nothing_in_progress_is_closed_after_the_idle_timeout() {
     let (main, _dir) = serve_one_connection().await;
     let mut h2 = h2_open(main).await;
     assert!(h2_ping(&mut h2).await, "served at first");
-    tokio::time::sleep(FIRST_BYTES_TIMEOUT + HEADER_READ_TIMEOUT + Duration::from_secs(1)).await;
+    tokio::time::sleep(FIRST_BYTES_TIMEOUT + HEADER_READ_TIMEOUT + Duration::from_millis(200)).await;
     assert!(
         h2_ping(&mut h2).await,
-        "still served after a silence longer than both deadlines"
+        "still served after a silence longer than the first-bytes and header deadlines"
     );
+    let (status, _refused) = healthz(main).await;
+    assert!(
+        status.starts_with("HTTP/1.1 429"),
+        "the idle client holds the slot: {status}"
+    );
+    // The GOAWAY's PING goes unanswered here: the connection is dropped
+    // after the grace.
+    wait_for_slot(main, IDLE + Duration::from_secs(3), "an idle HTTP/2 connection").await;
+    assert!(!h2_ping(&mut h2).await, "its connection was told to go away");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_connection_with_a_stream_open_outlives_the_idle_timeout() {
+    let (main, _dir) = serve_one_connection().await;
+    let mut h2 = h2_open(main).await;
+    // A keep-alive stream: its request goes on for as long as its client
+    // renews, so it has no body deadline.
+    h2_start_request(&mut h2, 1, KEEP_ALIVE, false).await;
+    assert!(h2_ping(&mut h2).await, "served at first");
+    tokio::time::sleep(IDLE + Duration::from_secs(1)).await;
+    assert!(h2_ping(&mut h2).await, "kept while its stream is open");
+    // The client ends the stream: from then on nothing is in progress.
+    write_frame_on(&mut h2, DATA, END_STREAM, 1, &[]).await;
+    let ended = Instant::now();
+    assert!(
+        closed_within(&mut h2, IDLE + Duration::from_secs(3)).await,
+        "still open {:?} after its last stream ended",
+        ended.elapsed()
+    );
+    assert!(
+        ended.elapsed() >= IDLE - Duration::from_millis(200),
+        "closed too soon: {:?}",
+        ended.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_call_whose_body_never_comes_does_not_keep_its_connection() {
+    let (main, _dir) = serve_one_connection().await;
+    let mut h2 = h2_open(main).await;
+    // A unary call that sends its headers and never its message.
+    h2_start_request(&mut h2, 1, ACQUIRE, false).await;
+    assert!(h2_ping(&mut h2).await, "served at first");
+    let (status, _refused) = healthz(main).await;
+    assert!(
+        status.starts_with("HTTP/1.1 429"),
+        "the stalled call holds the slot: {status}"
+    );
+    let bound = BODY_TIMEOUT + IDLE + Duration::from_secs(3);
+    wait_for_slot(main, bound, "a gRPC call whose message never came").await;
+}
+
+/// The gRPC methods these tests call, by path.
+const KEEP_ALIVE: &str = "/leasefence.v1.Leases/KeepAlive";
+const ACQUIRE: &str = "/leasefence.v1.Leases/Acquire";
+
+/// Opens stream `id` on `s` with a gRPC request's headers for `path`, and
+/// no body yet (ended at once when `end`).
+async fn h2_start_request(s: &mut TcpStream, id: u32, path: &str, end: bool) {
+    // HPACK, by hand: `:method: POST` (static entry 3) and `:scheme: http`
+    // (6), then literals without indexing of the static names `:path` (4),
+    // `:authority` (1) and `content-type` (31).
+    let mut block = vec![0x83, 0x86];
+    for (name, value) in [(&[0x04][..], path), (&[0x01], "x"), (&[0x0f, 0x10], "application/grpc")] {
+        block.extend_from_slice(name);
+        block.push(u8::try_from(value.len()).expect("a short value"));
+        block.extend_from_slice(value.as_bytes());
+    }
+    let flags = END_HEADERS | if end { END_STREAM } else { 0 };
+    write_frame_on(s, HEADERS, flags, id, &block).await;
 }
 
 /// A new HTTP/2 connection (prior knowledge): the preface and empty settings.
@@ -164,12 +273,22 @@ pub(crate) async fn h2_ping(s: &mut TcpStream) -> bool {
 
 /// An HTTP/2 frame on stream 0.
 fn frame(kind: u8, flags: u8, payload: &[u8]) -> Vec<u8> {
+    frame_on(kind, flags, 0, payload)
+}
+
+/// An HTTP/2 frame on stream `id`.
+fn frame_on(kind: u8, flags: u8, id: u32, payload: &[u8]) -> Vec<u8> {
     let len = (payload.len() as u32).to_be_bytes();
-    let mut out = vec![len[1], len[2], len[3], kind, flags, 0, 0, 0, 0];
+    let mut out = vec![len[1], len[2], len[3], kind, flags];
+    out.extend_from_slice(&id.to_be_bytes());
     out.extend_from_slice(payload);
     out
 }
 
 async fn write_frame(s: &mut TcpStream, kind: u8, flags: u8, payload: &[u8]) {
-    s.write_all(&frame(kind, flags, payload)).await.expect("write");
+    write_frame_on(s, kind, flags, 0, payload).await;
+}
+
+async fn write_frame_on(s: &mut TcpStream, kind: u8, flags: u8, id: u32, payload: &[u8]) {
+    s.write_all(&frame_on(kind, flags, id, payload)).await.expect("write");
 }

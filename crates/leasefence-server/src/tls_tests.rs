@@ -58,7 +58,7 @@ async fn serve(tls: Option<Tls>) -> SocketAddr {
     let listener = EdgeListener::new(tcp, tls).expect("listener");
     tokio::spawn(crate::edge::serve(
         listener,
-        EdgeService::new(app, usize::MAX),
+        EdgeService::new(app, usize::MAX, crate::ServerConfig::DEFAULT_CONNECTION_IDLE),
         std::future::pending(),
     ));
     addr

@@ -34,9 +34,15 @@ pub struct Coordinator {
 }
 
 pub async fn coordinator() -> Coordinator {
+    coordinator_with(|_| {}).await
+}
+
+/// [`coordinator`], with its configuration changed by `configure` first.
+pub async fn coordinator_with(configure: impl FnOnce(&mut leasefence_server::ServerConfig)) -> Coordinator {
     let dir = tempfile::tempdir().expect("tempdir");
     let listen = "127.0.0.1:0".parse().expect("addr");
-    let config = leasefence_server::ServerConfig::new(listen, dir.path().to_path_buf());
+    let mut config = leasefence_server::ServerConfig::new(listen, dir.path().to_path_buf());
+    configure(&mut config);
     let server = leasefence_server::Server::bind(config).await.expect("bind");
     let addr = server.local_addr().expect("addr");
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();

@@ -20,8 +20,16 @@
 //! refused for the limit. TCP keepalive (see `tcp`) only ends connections
 //! whose client is gone, not those of a live client that stays silent.
 //!
-//! An HTTP/2 connection that has sent its preface may stay idle for as long
-//! as it likes: gRPC clients keep theirs open between calls.
+//! And one more for any connection: **nothing in progress** for the
+//! service's idle timeout (`ServerConfig::connection_idle`, five minutes by
+//! default), counted by the connection's `Activity`. Such a connection is
+//! told to close as at shutdown: an HTTP/2 client gets a GOAWAY and opens a
+//! new connection for its next call (gRPC servers do the same with
+//! `MaxConnectionIdle`). An open keep-alive or watch stream is in progress
+//! for as long as it lasts, and a request body that never comes cannot keep
+//! a connection busy: it fails at its own deadline (`activity`). Pings do
+//! not count: they keep a connection alive, not busy. A connection that has
+//! not closed [`IDLE_CLOSE_GRACE`] after being told to is dropped.
 
 use std::io;
 use std::pin::{Pin, pin};
@@ -33,7 +41,7 @@ use hyper_util::server::conn::auto::Builder;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
-use tokio::time::Sleep;
+use tokio::time::{Instant, Sleep};
 
 use super::{EdgeListener, EdgeService};
 use axum::serve::Listener;
@@ -50,6 +58,15 @@ pub(crate) const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(1);
 pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 #[cfg(test)]
 pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long a connection told to close for being idle has to do so before it
+/// is dropped. HTTP/2 closes only after the client has answered a PING that
+/// follows the GOAWAY (so that no request in flight is lost), and a client
+/// that never answers must not keep its connection that way.
+#[cfg(not(test))]
+const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(10);
+#[cfg(test)]
+const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 /// The HTTP/2 connection preface, which a client sends first.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -76,7 +93,9 @@ pub(crate) async fn serve(
             accepted = listener.accept() => accepted,
             () = stop_tx.closed() => break,
         };
-        let service = TowerToHyperService::new(service.connection(&io));
+        let connection = service.connection(&io);
+        let (activity, idle) = (connection.activity(), service.idle);
+        let service = TowerToHyperService::new(connection);
         let (stop_tx, open_rx) = (stop_tx.clone(), open_rx.clone());
         tokio::spawn(async move {
             let mut builder = Builder::new(TokioExecutor::new());
@@ -87,7 +106,10 @@ pub(crate) async fn serve(
             let io = TokioIo::new(FirstBytes::new(io, FIRST_BYTES_TIMEOUT));
             let mut conn = pin!(builder.serve_connection(io, service));
             let mut stop = pin!(stop_tx.closed());
+            let mut idle_check = pin!(tokio::time::sleep(idle));
             let mut stopping = false;
+            // Set once the connection was told to close for being idle.
+            let mut idle_closing = false;
             loop {
                 tokio::select! {
                     served = conn.as_mut() => {
@@ -101,6 +123,24 @@ pub(crate) async fn serve(
                     () = &mut stop, if !stopping => {
                         stopping = true;
                         conn.as_mut().graceful_shutdown();
+                    }
+                    () = idle_check.as_mut(), if !stopping || idle_closing => {
+                        if idle_closing {
+                            tracing::debug!("an idle connection did not close in time: dropped");
+                            break;
+                        }
+                        let now = Instant::now();
+                        match activity.idle_at(idle) {
+                            Some(at) if at <= now => {
+                                tracing::debug!("closing a connection idle for {idle:?}");
+                                (stopping, idle_closing) = (true, true);
+                                conn.as_mut().graceful_shutdown();
+                                idle_check.as_mut().reset(now + IDLE_CLOSE_GRACE);
+                            }
+                            Some(at) => idle_check.as_mut().reset(at),
+                            // Busy: a request ending from now on sets the next time to look.
+                            None => idle_check.as_mut().reset(now + idle),
+                        }
                     }
                 }
             }
