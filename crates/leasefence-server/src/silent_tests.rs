@@ -2,7 +2,8 @@
 //! part of a request head, or only part of a request body, gives its place
 //! under `--connections-max` back after the serve loop's deadlines (see
 //! `edge::serve`); so does a connection with nothing in progress for the
-//! idle timeout, while one with a stream open keeps its place.
+//! idle timeout, while one with a stream open keeps its place, and a stream
+//! that crossed the idle GOAWAY is served to its end.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -12,7 +13,7 @@ use tokio::net::TcpStream;
 
 use crate::auth::Limits;
 use crate::edge::activity::BODY_TIMEOUT;
-use crate::edge::serve::{FIRST_BYTES_TIMEOUT, HEADER_READ_TIMEOUT};
+use crate::edge::serve::{FIRST_BYTES_TIMEOUT, HEADER_READ_TIMEOUT, IDLE_CLOSE_GRACE};
 use crate::tcp_tests::healthz;
 use crate::{Server, ServerConfig};
 
@@ -198,6 +199,48 @@ async fn an_http2_connection_with_a_stream_open_outlives_the_idle_timeout() {
         "closed too soon: {:?}",
         ended.elapsed()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_opened_across_the_idle_goaway_is_not_cut_off() {
+    let (main, _dir) = serve_one_connection().await;
+    let mut h2 = h2_open(main).await;
+    assert!(
+        h2_wait_for(&mut h2, GOAWAY, IDLE + Duration::from_secs(2)).await,
+        "no GOAWAY after the idle timeout"
+    );
+    // A client that had not yet read the GOAWAY opens a stream, which the
+    // GOAWAY still admits (its last stream id is the highest there is), and
+    // keeps it open past the grace an idle connection has to close.
+    h2_start_request(&mut h2, 1, KEEP_ALIVE, false).await;
+    assert!(
+        !closed_within(&mut h2, IDLE_CLOSE_GRACE * 2).await,
+        "the connection was dropped with a stream open"
+    );
+    write_frame_on(&mut h2, DATA, END_STREAM, 1, &[]).await;
+    assert!(
+        closed_within(&mut h2, IDLE_CLOSE_GRACE * 2 + Duration::from_secs(1)).await,
+        "still open after its stream ended"
+    );
+}
+
+/// Reads frames from `s` until one of `kind` arrives (true), or the
+/// connection ends or `bound` passes (false).
+async fn h2_wait_for(s: &mut TcpStream, kind: u8, bound: Duration) -> bool {
+    let deadline = Instant::now() + bound;
+    loop {
+        let mut head = [0u8; 9];
+        let read = tokio::time::timeout_at(deadline.into(), s.read_exact(&mut head)).await;
+        let Ok(Ok(_)) = read else { return false };
+        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+        let mut payload = vec![0u8; len];
+        if s.read_exact(&mut payload).await.is_err() {
+            return false;
+        }
+        if head[3] == kind {
+            return true;
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

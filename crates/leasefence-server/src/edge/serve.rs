@@ -29,7 +29,8 @@
 //! for as long as it lasts, and a request body that never comes cannot keep
 //! a connection busy: it fails at its own deadline (`activity`). Pings do
 //! not count: they keep a connection alive, not busy. A connection that has
-//! not closed [`IDLE_CLOSE_GRACE`] after being told to is dropped.
+//! not closed [`IDLE_CLOSE_GRACE`] after being told to is dropped, once
+//! nothing is in progress on it.
 
 use std::io;
 use std::pin::{Pin, pin};
@@ -60,13 +61,15 @@ pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How long a connection told to close for being idle has to do so before it
-/// is dropped. HTTP/2 closes only after the client has answered a PING that
-/// follows the GOAWAY (so that no request in flight is lost), and a client
-/// that never answers must not keep its connection that way.
+/// is dropped, unless a request that crossed the GOAWAY is still in
+/// progress then (it is served to its end, and the grace starts again).
+/// HTTP/2 closes only after the client has answered a PING that follows the
+/// GOAWAY (so that no request in flight is lost), and a client that never
+/// answers must not keep its connection that way.
 #[cfg(not(test))]
-const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(10);
+pub(crate) const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(10);
 #[cfg(test)]
-const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
+pub(crate) const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 /// The HTTP/2 connection preface, which a client sends first.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -125,11 +128,16 @@ pub(crate) async fn serve(
                         conn.as_mut().graceful_shutdown();
                     }
                     () = idle_check.as_mut(), if !stopping || idle_closing => {
+                        let now = Instant::now();
                         if idle_closing {
+                            // A request that crossed the GOAWAY is served to its end.
+                            if activity.idle_at(idle).is_none() {
+                                idle_check.as_mut().reset(now + IDLE_CLOSE_GRACE);
+                                continue;
+                            }
                             tracing::debug!("an idle connection did not close in time: dropped");
                             break;
                         }
-                        let now = Instant::now();
                         match activity.idle_at(idle) {
                             Some(at) if at <= now => {
                                 tracing::debug!("closing a connection idle for {idle:?}");
