@@ -66,6 +66,16 @@ async fn wait_for_slot(addr: SocketAddr, bound: Duration, what: &str) -> Duratio
     }
 }
 
+/// Waits (up to `bound`) for the slot that `held` took to be free again,
+/// then checks that `held` itself was closed.
+async fn gives_its_slot_back(main: SocketAddr, held: &mut TcpStream, bound: Duration, what: &str) {
+    wait_for_slot(main, bound, what).await;
+    assert!(
+        closed_within(held, Duration::from_secs(1)).await,
+        "{what}: the slot is free, but its connection is still open"
+    );
+}
+
 /// Whether `s` was closed by the server (end of stream or reset) within `bound`.
 async fn closed_within(s: &mut TcpStream, bound: Duration) -> bool {
     let mut buf = [0u8; 1024];
@@ -93,11 +103,7 @@ async fn a_client_that_sends_nothing_gives_its_connection_back() {
     let (main, _dir) = serve_one_connection().await;
     let mut silent = holding_the_slot(main, b"", "the silent client").await;
     let bound = FIRST_BYTES_TIMEOUT + Duration::from_secs(3);
-    wait_for_slot(main, bound, "a client that sent nothing").await;
-    assert!(
-        closed_within(&mut silent, Duration::from_secs(1)).await,
-        "and its connection was closed"
-    );
+    gives_its_slot_back(main, &mut silent, bound, "a client that sent nothing").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -106,11 +112,7 @@ async fn a_client_that_stops_inside_a_request_head_gives_its_connection_back() {
     let head = b"GET /healthz HTTP/1.1\r\nhost: x\r\n";
     let mut slow = holding_the_slot(main, head, "the slow client").await;
     let bound = HEADER_READ_TIMEOUT + Duration::from_secs(3);
-    wait_for_slot(main, bound, "a client that stopped inside its request head").await;
-    assert!(
-        closed_within(&mut slow, Duration::from_secs(1)).await,
-        "and its connection was closed"
-    );
+    gives_its_slot_back(main, &mut slow, bound, "a client that stopped inside its request head").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -148,11 +150,7 @@ async fn a_client_that_stops_inside_a_request_body_is_answered_and_gives_its_con
         "{answer}"
     );
     let bound = Duration::from_secs(3);
-    wait_for_slot(main, bound, "a client that stopped inside its request body").await;
-    assert!(
-        closed_within(&mut slow, Duration::from_secs(1)).await,
-        "and its connection was closed"
-    );
+    gives_its_slot_back(main, &mut slow, bound, "a client that stopped inside its request body").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -228,19 +226,24 @@ async fn a_stream_opened_across_the_idle_goaway_is_not_cut_off() {
 /// connection ends or `bound` passes (false).
 async fn h2_wait_for(s: &mut TcpStream, kind: u8, bound: Duration) -> bool {
     let deadline = Instant::now() + bound;
-    loop {
-        let mut head = [0u8; 9];
-        let read = tokio::time::timeout_at(deadline.into(), s.read_exact(&mut head)).await;
-        let Ok(Ok(_)) = read else { return false };
-        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
-        let mut payload = vec![0u8; len];
-        if s.read_exact(&mut payload).await.is_err() {
-            return false;
-        }
-        if head[3] == kind {
+    while let Some((k, _, _)) = h2_read_frame(s, deadline).await {
+        if k == kind {
             return true;
         }
     }
+    false
+}
+
+/// The next frame on `s`: its type, flags and payload; `None` when the
+/// connection ended or `deadline` passed first.
+async fn h2_read_frame(s: &mut TcpStream, deadline: Instant) -> Option<(u8, u8, Vec<u8>)> {
+    let mut head = [0u8; 9];
+    let read = tokio::time::timeout_at(deadline.into(), s.read_exact(&mut head)).await;
+    let Ok(Ok(_)) = read else { return None };
+    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+    let mut payload = vec![0u8; len];
+    s.read_exact(&mut payload).await.ok()?;
+    Some((head[3], head[4], payload))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -295,16 +298,8 @@ pub(crate) async fn h2_ping(s: &mut TcpStream) -> bool {
     if s.write_all(&frame(PING, 0, OPAQUE)).await.is_err() {
         return false;
     }
-    loop {
-        let mut head = [0u8; 9];
-        let read = tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut head)).await;
-        let Ok(Ok(_)) = read else { return false };
-        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
-        let (kind, flags) = (head[3], head[4]);
-        let mut payload = vec![0u8; len];
-        if s.read_exact(&mut payload).await.is_err() {
-            return false;
-        }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while let Some((kind, flags, payload)) = h2_read_frame(s, deadline).await {
         match kind {
             PING if flags & ACK != 0 && payload == OPAQUE => return true,
             SETTINGS if flags & ACK == 0 => write_frame(s, SETTINGS, ACK, &[]).await,
@@ -312,6 +307,7 @@ pub(crate) async fn h2_ping(s: &mut TcpStream) -> bool {
             _ => {}
         }
     }
+    false
 }
 
 /// An HTTP/2 frame on stream 0.
