@@ -20,7 +20,9 @@
 //! callers on one client (it is cheap to clone) each get their own. An idle
 //! connection the coordinator closed meanwhile (after a restart, say), or
 //! that TCP keepalive found dead (its host gone without a word), is dropped
-//! when a call looks for one, before anything is sent on it. Every
+//! when a call looks for one, before anything is sent on it; so is one the
+//! coordinator said it is closing for being idle (version 2 of the
+//! protocol; a request that crossed that notice is still answered). Every
 //! call has the deadline of [`ClientOptions::call_timeout`] (plus the wait
 //! of an acquire); a connection whose call failed or timed out is dropped.
 //!
@@ -381,6 +383,10 @@ fn deadline_after(limit: Duration) -> Instant {
 #[cfg(test)]
 #[path = "frames/keepalive_tests.rs"]
 mod keepalive_tests;
+
+#[cfg(test)]
+#[path = "frames/closing_tests.rs"]
+mod closing_tests;
 
 #[cfg(test)]
 mod tests {

@@ -7,13 +7,16 @@
 //! The coordinator serves one connection at a time, so whether the client's
 //! connection is still open can be read from outside: a new connection is
 //! served only once it has closed.
+//!
+//! Over frames, the frame client's calls go on after the coordinator said
+//! it is closing an idle connection of its pool.
 
 mod support;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use leasefence_client::{Client, LeaseConfig};
+use leasefence_client::{Client, ClientOptions, FrameClient, LeaseConfig};
 use leasefence_core::ResourceId;
 use leasefence_server::auth::Limits;
 use support::{Coordinator, coordinator_with};
@@ -116,4 +119,31 @@ async fn a_lease_kept_alive_keeps_its_connection_past_the_idle_timeout() {
         "the connection after its lease ended",
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frame_calls_after_the_coordinator_said_an_idle_connection_is_closing_succeed() {
+    let c = coordinator_with(|config| {
+        config.frames_listen = Some("127.0.0.1:0".parse().expect("addr"));
+        config.connection_idle = IDLE;
+    })
+    .await;
+    let url = format!("leasefence://{}", c.frames.expect("frame port"));
+    let client = FrameClient::connect(&url, ClientOptions::default())
+        .await
+        .expect("client");
+    let r = res("idle/frames");
+    for round in 1..=3 {
+        let lease = client
+            .acquire(&r, Duration::from_secs(10), None, Duration::ZERO)
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: acquire: {e}"));
+        assert_eq!(lease.token.get(), round, "one grant a round");
+        client
+            .release(&r, &lease.lease_id)
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: release: {e}"));
+        // The pooled connection is told it is closing while it idles.
+        tokio::time::sleep(IDLE + Duration::from_millis(400)).await;
+    }
 }

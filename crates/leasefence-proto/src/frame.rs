@@ -13,8 +13,11 @@
 //!
 //! A connection starts with [`Request::Hello`] (the protocol version and, with
 //! access control, a bearer token); the coordinator answers
-//! [`Response::Welcome`] or a [`Refusal`] and closes. Then each request gets
-//! exactly one answer, in order; one call is in flight per connection.
+//! [`Response::Welcome`] with the version both speak, or a [`Refusal`] and
+//! closes. Then each request gets exactly one answer, in order; one call is
+//! in flight per connection. From version 2 on, the coordinator may also
+//! send [`Response::Closing`] between answers, once: it is about to close
+//! the connection, which has been idle; the client sends nothing more on it.
 //!
 //! This module is pure: encoding and decoding only. [`read_frame`] is the
 //! one I/O helper, shared by the coordinator and the client so that both
@@ -25,8 +28,11 @@ use std::time::Duration;
 use leasefence_core::{BusyReason, Holder, Invalid, LeaseError, LeaseId, ResourceId, Token};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-/// The protocol version this build speaks (the first field of `Hello`).
-pub const VERSION: u8 = 1;
+/// The newest protocol version this build speaks (the first field of
+/// `Hello`). Version 2 adds [`Response::Closing`].
+pub const VERSION: u8 = 2;
+/// The oldest version this build still speaks.
+pub const VERSION_MIN: u8 = 1;
 /// The largest frame body either side sends or accepts, in bytes.
 pub const FRAME_MAX: usize = 16 * 1024;
 /// The longest string field (a bearer token, a refusal's message).
@@ -41,6 +47,7 @@ const WELCOME: u8 = 0x81;
 const LEASE: u8 = 0x82;
 const RELEASED: u8 = 0x83;
 const STATUS_ANSWER: u8 = 0x84;
+const CLOSING: u8 = 0x85;
 const REFUSED: u8 = 0xEE;
 
 /// What a client sends.
@@ -98,6 +105,12 @@ pub enum Response {
         waiters: u32,
     },
     Refused(Refusal),
+    /// Not an answer: sent unasked, at most once, between answers, on a
+    /// connection of version 2 or later that has been idle. The coordinator
+    /// closes the connection once nothing has arrived on it for a grace
+    /// period; a request the client sent before it read this is still
+    /// answered (after this frame), but the client must send no other.
+    Closing,
 }
 
 /// The holder of a held resource, as a status answer carries it.
@@ -280,6 +293,7 @@ pub fn encode_response(r: &Response, buf: &mut Vec<u8>) {
             .str(signature)
             .finish(),
         Response::Released { token } => Out::start(buf, RELEASED).u64(*token).finish(),
+        Response::Closing => Out::start(buf, CLOSING).finish(),
         Response::Status {
             last_token,
             held,
@@ -423,6 +437,7 @@ pub fn decode_response(body: &[u8]) -> Result<Response, FrameError> {
             signature: i.str("signature")?,
         },
         RELEASED => Response::Released { token: i.u64("token")? },
+        CLOSING => Response::Closing,
         STATUS_ANSWER => {
             let last_token = i.u64("last_token")?;
             let held = match i.flag("held")? {

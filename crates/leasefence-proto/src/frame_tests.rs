@@ -45,6 +45,7 @@ fn responses() -> Vec<Response> {
             signature: "v1.abc".into(),
         },
         Response::Released { token: 3 },
+        Response::Closing,
         Response::Status {
             last_token: 0,
             held: None,

@@ -14,9 +14,15 @@
 //! `invalid` refusal (field `frame`); a frame whose length is out of bounds
 //! ends the connection after that answer, since the stream can no longer be
 //! read in step. The same connection limit as the main port applies, counted
-//! on its own. A connection may idle between frames without limit, but not
-//! stall inside one: a frame must arrive whole, and each answer be taken,
-//! within [`FRAME_TIMEOUT`], or the connection is closed.
+//! on its own, and so does the main port's idle timeout
+//! (`ServerConfig::connection_idle`): a connection with no request for that
+//! long is closed. From protocol version 2 on it is first told so, with a
+//! `Closing` frame, and served for [`IDLE_CLOSE_GRACE`] more, so that a
+//! request its client sent before reading that is answered, not lost in
+//! doubt; a version-1 connection, whose client would not understand that
+//! frame, is closed without notice. A connection may not stall inside a
+//! frame: a frame must arrive whole, and each answer be taken, within
+//! [`FRAME_TIMEOUT`], or the connection is closed.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -28,8 +34,10 @@ use leasefence_proto::frame::{self, HeldBy, Refusal, Request, Response};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
+use tokio::time::Instant;
 
 use crate::auth::{Access, AuthError, Caller};
+use crate::edge::serve::IDLE_CLOSE_GRACE;
 use crate::peer::PeerCertificate;
 use crate::tls::{Tls, peer_certificate};
 use crate::{ApiError, Engine, Node, wire};
@@ -37,10 +45,9 @@ use crate::{ApiError, Engine, Node, wire};
 /// Longest a client may take from connecting to its `Hello` (TLS included).
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest a frame may take to arrive whole once its first byte has, and an
-/// answer to be taken by the client. A connection may stay idle between
-/// frames for as long as it likes (the connection limit bounds how many do),
-/// but one that stalls inside a frame, or stops reading its answers, would
-/// otherwise hold its connection and its slot for ever.
+/// answer to be taken by the client. The idle timeout ends a connection
+/// that sends nothing; one that stalls inside a frame, or stops reading its
+/// answers, would otherwise hold its connection and its slot for ever.
 #[cfg(not(test))]
 pub(crate) const FRAME_TIMEOUT: Duration = Duration::from_secs(10);
 /// Short in tests, which wait it out.
@@ -53,6 +60,8 @@ struct Shared {
     access: Arc<Access>,
     tls: Option<(tokio_rustls::TlsAcceptor, bool)>,
     connections: Arc<Semaphore>,
+    /// How long a connection may wait for its next request before it is closed.
+    idle: Duration,
 }
 
 /// Accepts frame connections until `stop` turns true; each connection ends
@@ -62,6 +71,7 @@ pub(crate) async fn serve(
     node: Arc<Node>,
     access: Arc<Access>,
     tls: Option<Tls>,
+    idle: Duration,
     stop: watch::Receiver<bool>,
 ) {
     let max = access.limits().connections_max.min(Semaphore::MAX_PERMITS);
@@ -70,6 +80,7 @@ pub(crate) async fn serve(
         access,
         tls: tls.map(|t| (t.acceptor(), t.client_auth())),
         connections: Arc::new(Semaphore::new(max)),
+        idle,
     });
     let mut stopped = stop.clone();
     loop {
@@ -139,7 +150,8 @@ async fn open(stream: TcpStream, peer: SocketAddr, shared: &Shared, stop: watch:
 pub const TLS_REQUIRED: &str = "this leasefence frame port speaks TLS: use leasefences:// (plaintext refused)";
 
 /// One connection: `Hello`, then one answer per request until the client
-/// closes, a frame cannot be read in step, or the server stops.
+/// closes, a frame cannot be read in step, the connection idles out, or the
+/// server stops.
 async fn connection<S>(
     io: S,
     cert: Option<PeerCertificate>,
@@ -155,7 +167,8 @@ async fn connection<S>(
     let hello = tokio::time::timeout(HELLO_TIMEOUT, frame::read_frame(&mut io, &mut buf)).await;
     let caller = match hello {
         Ok(Ok(true)) => match frame::decode_request(&buf) {
-            Ok(Request::Hello { version, token }) => welcome(version, token, cert.as_ref(), anonymous, shared),
+            Ok(Request::Hello { version, token }) => welcome(version, token, cert.as_ref(), anonymous, shared)
+                .map(|caller| (caller, version.min(frame::VERSION))),
             Ok(_) => Err(Box::new(Refusal::new(
                 "invalid",
                 "invalid frame: the first frame of a connection must be Hello",
@@ -166,32 +179,62 @@ async fn connection<S>(
         // Closed or silent before a hello: nothing to answer.
         Ok(Ok(false)) | Err(_) => return,
     };
-    let caller = match caller {
+    let (caller, version) = match caller {
         Ok(c) => c,
         Err(refusal) => {
             let _ = answer(&mut io, &refusal).await;
             return;
         }
     };
-    if answer_frame(
-        &mut io,
-        &Response::Welcome {
-            version: frame::VERSION,
-        },
-        &mut buf,
-    )
-    .await
-    .is_err()
+    if answer_frame(&mut io, &Response::Welcome { version }, &mut buf)
+        .await
+        .is_err()
     {
         return;
     }
     let mut out = Vec::with_capacity(256);
+    // Set once the client has been told that the connection is closing.
+    let mut closing = false;
+    // The idle timer is moved on only when it fires, so that a busy
+    // connection does not touch the runtime's timer on every request.
+    let mut last = Instant::now();
+    let timer = tokio::time::sleep_until(after(last, shared.idle));
+    tokio::pin!(timer);
     loop {
-        // Biased: once stopping, a request that arrives is not begun.
-        let next = tokio::select! {
+        // Biased: once stopping, a request that arrives is not begun; one
+        // that has begun to arrive is served before the idle timer counts.
+        let waited = tokio::select! {
             biased;
             _ = stop.wait_for(|s| *s) => return,
-            r = next_frame(&mut io, &mut buf) => r,
+            r = io.fill_buf() => Waited::Began(r.map(|b| !b.is_empty())),
+            () = &mut timer => Waited::Idle,
+        };
+        let next = match waited {
+            Waited::Began(Ok(true)) => tokio::select! {
+                biased;
+                _ = stop.wait_for(|s| *s) => return,
+                r = read_whole(&mut io, &mut buf) => r.map(|()| true),
+            },
+            Waited::Began(other) => other,
+            Waited::Idle => {
+                let due = after(last, if closing { IDLE_CLOSE_GRACE } else { shared.idle });
+                if due > Instant::now() {
+                    timer.as_mut().reset(due);
+                    continue;
+                }
+                if closing || version < 2 {
+                    return;
+                }
+                // Nothing is in flight from this side; a request the client
+                // sends before it reads this is still served, after it.
+                if answer_frame(&mut io, &Response::Closing, &mut out).await.is_err() {
+                    return;
+                }
+                closing = true;
+                last = Instant::now();
+                timer.as_mut().reset(last + IDLE_CLOSE_GRACE);
+                continue;
+            }
         };
         let response = match next {
             Ok(true) => match frame::decode_request(&buf) {
@@ -208,10 +251,28 @@ async fn connection<S>(
         if answer_frame(&mut io, &response, &mut out).await.is_err() {
             return;
         }
+        last = Instant::now();
     }
 }
 
-/// The caller a `Hello` names, or why it is refused.
+/// `d` after `from`; an idle timeout past what the clock can hold
+/// (`Duration::MAX`, say) is a century, not a panic.
+fn after(from: Instant, d: Duration) -> Instant {
+    const FAR: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    from.checked_add(d).unwrap_or_else(|| from + FAR)
+}
+
+/// What waiting for the next request came to.
+enum Waited {
+    /// A frame began (`Ok(true)`), the client closed (`Ok(false)`), or the read failed.
+    Began(std::io::Result<bool>),
+    /// Nothing came for the idle timeout (or, once closing, the grace).
+    Idle,
+}
+
+/// The caller a `Hello` names, or why it is refused. Any version from
+/// [`frame::VERSION_MIN`] on is welcome: the connection speaks the lower of
+/// the client's and this build's.
 fn welcome(
     version: u8,
     token: Option<String>,
@@ -219,12 +280,12 @@ fn welcome(
     anonymous: bool,
     shared: &Shared,
 ) -> Result<Caller, Box<Refusal>> {
-    if version != frame::VERSION {
+    if version < frame::VERSION_MIN {
         return Err(Box::new(Refusal::new(
             "invalid",
             format!(
-                "invalid frame: protocol version {version} is not spoken here; allowed: {}",
-                frame::VERSION
+                "invalid frame: protocol version {version} is not spoken here; allowed: {} or later",
+                frame::VERSION_MIN
             ),
         )));
     }
@@ -350,23 +411,22 @@ fn unreadable(e: &std::io::Error) -> Refusal {
     )))
 }
 
-/// Waits, for as long as it takes, for the next frame to begin, then reads
-/// it whole within [`FRAME_TIMEOUT`]. `Ok(false)`: the client closed.
-async fn next_frame<R: AsyncBufRead + Unpin>(r: &mut R, buf: &mut Vec<u8>) -> std::io::Result<bool> {
-    if r.fill_buf().await?.is_empty() {
-        return Ok(false);
+/// Reads a frame whose first byte has arrived, whole, within [`FRAME_TIMEOUT`].
+async fn read_whole<R: AsyncBufRead + Unpin>(r: &mut R, buf: &mut Vec<u8>) -> std::io::Result<()> {
+    let read = tokio::time::timeout(FRAME_TIMEOUT, frame::read_frame(r, buf)).await;
+    match read {
+        Ok(Ok(true)) => Ok(()),
+        // The first byte was there: a close now cuts the frame short.
+        Ok(Ok(false)) => Err(std::io::ErrorKind::UnexpectedEof.into()),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!(
+                "a frame was not complete within {} s of its first byte",
+                FRAME_TIMEOUT.as_secs_f64()
+            ),
+        )),
     }
-    tokio::time::timeout(FRAME_TIMEOUT, frame::read_frame(r, buf))
-        .await
-        .unwrap_or_else(|_| {
-            Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!(
-                    "a frame was not complete within {} s of its first byte",
-                    FRAME_TIMEOUT.as_secs_f64()
-                ),
-            ))
-        })
 }
 
 async fn answer<W: AsyncWrite + Unpin>(w: &mut W, refusal: &Refusal) -> std::io::Result<()> {
@@ -390,3 +450,7 @@ async fn answer_frame<W: AsyncWrite + Unpin>(w: &mut W, r: &Response, buf: &mut 
 #[cfg(test)]
 #[path = "frames_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "frames_idle_tests.rs"]
+mod idle_tests;

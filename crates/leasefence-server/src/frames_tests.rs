@@ -15,23 +15,28 @@ use crate::{Server, ServerConfig};
 
 /// A coordinator serving frames on a loopback port (with `policy`, if any).
 async fn serve(policy: Option<Policy>) -> (SocketAddr, tempfile::TempDir) {
+    serve_with(|config| config.policy = policy).await
+}
+
+/// A coordinator serving frames on a loopback port, configured by `configure`.
+pub(super) async fn serve_with(configure: impl FnOnce(&mut ServerConfig)) -> (SocketAddr, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut config = ServerConfig::new("127.0.0.1:0".parse().expect("addr"), dir.path().to_path_buf());
     config.frames_listen = Some("127.0.0.1:0".parse().expect("addr"));
-    config.policy = policy;
+    configure(&mut config);
     let server = Server::bind(config).await.expect("bind");
     let addr = server.frames_addr().expect("frames configured").expect("bound");
     tokio::spawn(server.run(std::future::pending()));
     (addr, dir)
 }
 
-struct Conn {
-    tcp: TcpStream,
+pub(super) struct Conn {
+    pub(super) tcp: TcpStream,
     buf: Vec<u8>,
 }
 
 impl Conn {
-    async fn open(addr: SocketAddr) -> Conn {
+    pub(super) async fn open(addr: SocketAddr) -> Conn {
         Conn {
             tcp: TcpStream::connect(addr).await.expect("connect"),
             buf: Vec::new(),
@@ -39,7 +44,7 @@ impl Conn {
     }
 
     /// Opens and says hello with `token`; the answer to the hello.
-    async fn hello(addr: SocketAddr, token: Option<&str>) -> (Conn, Response) {
+    pub(super) async fn hello(addr: SocketAddr, token: Option<&str>) -> (Conn, Response) {
         let mut c = Conn::open(addr).await;
         let answer = c
             .call(&Request::Hello {
@@ -50,7 +55,7 @@ impl Conn {
         (c, answer)
     }
 
-    async fn welcomed(addr: SocketAddr) -> Conn {
+    pub(super) async fn welcomed(addr: SocketAddr) -> Conn {
         let (c, answer) = Conn::hello(addr, None).await;
         assert_eq!(
             answer,
@@ -61,17 +66,17 @@ impl Conn {
         c
     }
 
-    async fn send_raw(&mut self, bytes: &[u8]) {
+    pub(super) async fn send_raw(&mut self, bytes: &[u8]) {
         self.tcp.write_all(bytes).await.expect("write");
     }
 
-    async fn answer(&mut self) -> Response {
+    pub(super) async fn answer(&mut self) -> Response {
         let read = tokio::time::timeout(Duration::from_secs(5), frame::read_frame(&mut self.tcp, &mut self.buf));
         assert!(read.await.expect("answered in time").expect("readable"), "closed");
         frame::decode_response(&self.buf).expect("a valid answer")
     }
 
-    async fn call(&mut self, r: &Request) -> Response {
+    pub(super) async fn call(&mut self, r: &Request) -> Response {
         let mut out = Vec::new();
         frame::encode_request(r, &mut out);
         self.send_raw(&out).await;
@@ -79,7 +84,7 @@ impl Conn {
     }
 
     /// Whether the coordinator closed the connection (reads EOF in time).
-    async fn closed(&mut self) -> bool {
+    pub(super) async fn closed(&mut self) -> bool {
         let mut b = [0u8; 1];
         matches!(
             tokio::time::timeout(Duration::from_secs(5), self.tcp.read(&mut b)).await,
@@ -88,7 +93,7 @@ impl Conn {
     }
 }
 
-fn acquire(resource: &str) -> Request {
+pub(super) fn acquire(resource: &str) -> Request {
     Request::Acquire {
         resource: resource.into(),
         holder: "w1".into(),
@@ -264,7 +269,7 @@ async fn a_client_that_stops_reading_its_answers_is_disconnected() {
 }
 
 #[tokio::test]
-async fn a_connection_must_start_with_a_hello_of_this_version() {
+async fn a_connection_must_start_with_a_hello_of_a_version_spoken_here() {
     let (addr, _dir) = serve(None).await;
     let mut c = Conn::open(addr).await;
     let first = c.call(&acquire("a")).await;
@@ -274,15 +279,29 @@ async fn a_connection_must_start_with_a_hello_of_this_version() {
     let mut c = Conn::open(addr).await;
     let Response::Refused(r) = c
         .call(&Request::Hello {
-            version: 9,
+            version: 0,
             token: None,
         })
         .await
     else {
         panic!("refused")
     };
-    assert!(r.message.contains("protocol version 9"), "{}", r.message);
+    assert!(r.message.contains("protocol version 0"), "{}", r.message);
+    assert!(r.message.contains("allowed: 1 or later"), "{}", r.message);
     assert!(c.closed().await);
+
+    // A newer client is answered with the version this build speaks, and
+    // served in it; an older one in its own.
+    for (asked, spoken) in [(9, frame::VERSION), (1, 1)] {
+        let mut c = Conn::open(addr).await;
+        let hello = Request::Hello {
+            version: asked,
+            token: None,
+        };
+        assert_eq!(c.call(&hello).await, Response::Welcome { version: spoken });
+        let status = c.call(&Request::Status { resource: "v".into() }).await;
+        assert!(matches!(status, Response::Status { .. }), "{status:?}");
+    }
 
     // An HTTP client on the frame port gets a refusal, not a hang.
     let mut c = Conn::open(addr).await;

@@ -222,6 +222,7 @@ impl Server {
                 self.node.clone(),
                 self.access.clone(),
                 self.tls.clone(),
+                self.connection_idle,
                 frames_stopped,
             );
             tokio::spawn(serving);

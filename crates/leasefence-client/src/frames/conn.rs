@@ -1,8 +1,17 @@
 //! One coordinator's frame port as the client sees it: its URL, how to reach
-//! it (TCP, or TLS), its pool of idle connections, and one exchange of a
-//! request and its answer on a connection.
+//! it (TCP, or TLS), the protocol version it speaks, its pool of idle
+//! connections, and one exchange of a request and its answer on a
+//! connection.
+//!
+//! The client says `Hello` with the newest version it speaks; a coordinator
+//! of an earlier release refuses any version but 1 (as `invalid`), and is
+//! then spoken to in version 1 from there on. From version 2 a coordinator
+//! tells a connection it is about to close for being idle (`Closing`): the
+//! answer to a request that crossed that notice still comes, after it, and
+//! the connection is not used again.
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Waker};
 use std::time::Duration;
@@ -39,6 +48,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 pub(super) struct Conn {
     io: BufReader<Box<dyn Io>>,
     buf: Vec<u8>,
+    /// The coordinator said it is closing this connection: it takes no more requests.
+    closing: bool,
 }
 
 type TlsTarget = (tokio_rustls::TlsConnector, rustls::pki_types::ServerName<'static>);
@@ -62,6 +73,9 @@ pub(super) struct Endpoint {
     addr: String,
     tls: Option<TlsTarget>,
     idle: Mutex<Vec<Conn>>,
+    /// The version to say `Hello` with: [`frame::VERSION`] until the
+    /// coordinator is found to speak only [`frame::VERSION_MIN`].
+    version: AtomicU8,
 }
 
 impl Endpoint {
@@ -84,6 +98,7 @@ impl Endpoint {
             addr,
             tls,
             idle: Mutex::new(Vec::new()),
+            version: AtomicU8::new(frame::VERSION),
         })
     }
 
@@ -101,7 +116,11 @@ impl Endpoint {
         None
     }
 
+    /// Keeps `conn` for the next call, unless the coordinator is closing it.
     pub fn put_back(&self, conn: Conn) {
+        if conn.closing {
+            return;
+        }
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         if idle.len() < IDLE_MAX {
             idle.push(conn);
@@ -119,13 +138,29 @@ impl Endpoint {
     /// Every error means nothing was sent but the hello.
     pub async fn open(&self, options: &ClientOptions) -> Result<Conn, ClientError> {
         let limit = options.connect_timeout();
-        match tokio::time::timeout(limit, self.handshake(options)).await {
+        let opened = async {
+            loop {
+                let version = self.version.load(Ordering::Relaxed);
+                match self.handshake(options, version).await {
+                    // A coordinator of an earlier release: it speaks version 1 alone.
+                    Err(Handshake::Invalid(_)) if version > frame::VERSION_MIN => {
+                        self.version.store(frame::VERSION_MIN, Ordering::Relaxed);
+                    }
+                    Err(Handshake::Invalid(r)) => {
+                        return Err(self.transport(format!("refused the connection ({}): {}", r.kind, r.message)));
+                    }
+                    Err(Handshake::Failed(e)) => return Err(e),
+                    Ok(conn) => return Ok(conn),
+                }
+            }
+        };
+        match tokio::time::timeout(limit, opened).await {
             Ok(opened) => opened,
             Err(_) => Err(self.transport(format!("not connected within {} ms", limit.as_millis()))),
         }
     }
 
-    async fn handshake(&self, options: &ClientOptions) -> Result<Conn, ClientError> {
+    async fn handshake(&self, options: &ClientOptions, version: u8) -> Result<Conn, Handshake> {
         let tcp = TcpStream::connect(&self.addr)
             .await
             .map_err(|e| self.transport(e.to_string()))?;
@@ -151,25 +186,46 @@ impl Endpoint {
         let mut conn = Conn {
             io: BufReader::new(io),
             buf: Vec::with_capacity(256),
+            closing: false,
         };
         let hello = Request::Hello {
-            version: frame::VERSION,
+            version,
             token: options.credentials().token().map(str::to_string),
         };
         let limit = options.connect_timeout();
         match exchange(&mut conn, &hello, limit).await {
-            Ok(Response::Welcome { .. }) => Ok(conn),
-            Ok(Response::Refused(r)) => Err(match r.kind.as_str() {
+            Ok(Response::Welcome { version: spoken }) if (frame::VERSION_MIN..=version).contains(&spoken) => Ok(conn),
+            Ok(Response::Welcome { version: spoken }) => Err(Handshake::Failed(ClientError::Server(format!(
+                "the coordinator answered Hello version {version} with version {spoken}"
+            )))),
+            Ok(Response::Refused(r)) if r.kind == "invalid" => Err(Handshake::Invalid(r)),
+            Ok(Response::Refused(r)) => Err(Handshake::Failed(match r.kind.as_str() {
                 "unauthenticated" | "permission_denied" | "limit_exceeded" => ClientError::Refused {
                     kind: r.kind,
                     message: r.message,
                 },
                 "tls_required" => self.transport(r.message),
                 _ => self.transport(format!("refused the connection ({}): {}", r.kind, r.message)),
-            }),
-            Ok(other) => Err(ClientError::Server(format!("unexpected answer to Hello: {other:?}"))),
-            Err(e) => Err(self.transport(e.describe(limit))),
+            })),
+            Ok(other) => Err(Handshake::Failed(ClientError::Server(format!(
+                "unexpected answer to Hello: {other:?}"
+            )))),
+            Err(e) => Err(Handshake::Failed(self.transport(e.describe(limit)))),
         }
+    }
+}
+
+/// Why a handshake failed.
+enum Handshake {
+    /// The `Hello` was refused as `invalid`: by a coordinator of an earlier
+    /// release, the version it carried.
+    Invalid(frame::Refusal),
+    Failed(ClientError),
+}
+
+impl From<ClientError> for Handshake {
+    fn from(e: ClientError) -> Handshake {
+        Handshake::Failed(e)
     }
 }
 
@@ -192,16 +248,23 @@ impl Exchange {
     }
 }
 
-/// Writes `req` and reads one answer on `conn`, within `limit`.
+/// Writes `req` and reads one answer on `conn`, within `limit`. A
+/// `Closing` notice that crossed the request is noted and read past.
 pub(super) async fn exchange(conn: &mut Conn, req: &Request, limit: Duration) -> Result<Response, Exchange> {
     let round = async {
         frame::encode_request(req, &mut conn.buf);
         conn.io.write_all(&conn.buf).await.map_err(Exchange::Io)?;
         conn.io.flush().await.map_err(Exchange::Io)?;
-        match frame::read_frame(&mut conn.io, &mut conn.buf).await {
-            Ok(true) => frame::decode_response(&conn.buf).map_err(Exchange::Malformed),
-            Ok(false) => Err(Exchange::Closed),
-            Err(e) => Err(Exchange::Io(e)),
+        loop {
+            let answer = match frame::read_frame(&mut conn.io, &mut conn.buf).await {
+                Ok(true) => frame::decode_response(&conn.buf).map_err(Exchange::Malformed)?,
+                Ok(false) => return Err(Exchange::Closed),
+                Err(e) => return Err(Exchange::Io(e)),
+            };
+            match answer {
+                Response::Closing if !conn.closing => conn.closing = true,
+                answer => return Ok(answer),
+            }
         }
     };
     match tokio::time::timeout(limit, round).await {

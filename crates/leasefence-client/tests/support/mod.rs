@@ -29,6 +29,8 @@ pub fn ms(n: u64) -> Duration {
 pub struct Coordinator {
     pub url: String,
     pub addr: SocketAddr,
+    /// The frame port, when configured.
+    pub frames: Option<SocketAddr>,
     _stop: tokio::sync::oneshot::Sender<()>,
     _dir: tempfile::TempDir,
 }
@@ -45,6 +47,7 @@ pub async fn coordinator_with(configure: impl FnOnce(&mut leasefence_server::Ser
     configure(&mut config);
     let server = leasefence_server::Server::bind(config).await.expect("bind");
     let addr = server.local_addr().expect("addr");
+    let frames = server.frames_addr().map(|bound| bound.expect("frame port bound"));
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(server.run(async {
         let _ = rx.await;
@@ -52,6 +55,7 @@ pub async fn coordinator_with(configure: impl FnOnce(&mut leasefence_server::Ser
     Coordinator {
         url: format!("http://{addr}"),
         addr,
+        frames,
         _stop: tx,
         _dir: dir,
     }
