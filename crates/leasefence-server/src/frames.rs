@@ -200,19 +200,23 @@ async fn connection<S>(
     let mut last = Instant::now();
     let timer = tokio::time::sleep_until(after(last, shared.idle));
     tokio::pin!(timer);
+    // One wait for the stop for the connection's life: a new one per request
+    // would join and leave the watch's waiters each time.
+    let stopped = stop.wait_for(|s| *s);
+    tokio::pin!(stopped);
     loop {
         // Biased: once stopping, a request that arrives is not begun; one
         // that has begun to arrive is served before the idle timer counts.
         let waited = tokio::select! {
             biased;
-            _ = stop.wait_for(|s| *s) => return,
+            _ = &mut stopped => return,
             r = io.fill_buf() => Waited::Began(r.map(|b| !b.is_empty())),
             () = &mut timer => Waited::Idle,
         };
         let next = match waited {
             Waited::Began(Ok(true)) => tokio::select! {
                 biased;
-                _ = stop.wait_for(|s| *s) => return,
+                _ = &mut stopped => return,
                 r = read_whole(&mut io, &mut buf) => r.map(|()| true),
             },
             Waited::Began(other) => other,

@@ -3,7 +3,8 @@
 //! is closing (version 2) and closed after the grace, and gives its slot
 //! back; a request that crossed the notice is still answered; requests and
 //! a call in progress keep a connection; a version-1 connection is closed
-//! without a frame it would not understand.
+//! without a frame it would not understand. And an idle connection ends
+//! when the coordinator stops, whatever its idle timeout.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -13,6 +14,7 @@ use leasefence_proto::frame::{Request, Response};
 use super::tests::{Conn, acquire, serve_with};
 use crate::auth::Limits;
 use crate::edge::serve::IDLE_CLOSE_GRACE;
+use crate::{Server, ServerConfig};
 
 /// The idle timeout in these tests.
 const IDLE: Duration = Duration::from_millis(1500);
@@ -168,4 +170,30 @@ async fn an_idle_timeout_longer_than_the_clock_holds_means_never() {
         let status = c.call(&Request::Status { resource: "r".into() }).await;
         assert!(matches!(status, Response::Status { .. }), "{status:?}");
     }
+}
+
+#[tokio::test]
+async fn an_idle_connection_ends_when_the_coordinator_stops() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = ServerConfig::new("127.0.0.1:0".parse().expect("addr"), dir.path().to_path_buf());
+    config.frames_listen = Some("127.0.0.1:0".parse().expect("addr"));
+    let server = Server::bind(config).await.expect("bind");
+    let addr = server.frames_addr().expect("frames configured").expect("bound");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(server.run(async {
+        let _ = stopped.await;
+    }));
+    let mut c = Conn::welcomed(addr).await;
+    let status = c.call(&Request::Status { resource: "r".into() }).await;
+    assert!(matches!(status, Response::Status { .. }), "{status:?}");
+    let _ = stop.send(());
+    let started = Instant::now();
+    assert!(c.closed().await, "closed once the coordinator stopped");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "closed after {:?}",
+        started.elapsed()
+    );
+    let ran = tokio::time::timeout(Duration::from_secs(5), running).await;
+    assert!(ran.expect("stopped in time").expect("no panic").is_ok());
 }
