@@ -85,7 +85,7 @@ pub async fn run(a: GatewayArgs) -> CmdResult {
     // Before the listening line: from then on SIGTERM stops it gracefully.
     let shutdown = crate::serve::shutdown_signal();
     // One line on stdout, so scripts (and tests) learn the port when --listen used port 0.
-    println!(
+    crate::serve::announce(format_args!(
         "leasefence gateway listening on {} (data dir {}, objects up to {} bytes, {}, swept {temp_files} \
          temp files and {orphan_blobs} unreferenced blobs)",
         gateway.local_addr()?,
@@ -96,7 +96,7 @@ pub async fn run(a: GatewayArgs) -> CmdResult {
         } else {
             format!("fences signed with {signed} key(s)")
         }
-    );
+    ));
     gateway.run(shutdown).await?;
     tracing::info!("stopped");
     Ok(())

@@ -18,6 +18,21 @@ use crate::cli::ServeArgs;
 use crate::store_url::StoreUrl;
 use crate::{CmdResult, Failure};
 
+/// Writes one start line to stdout, for scripts to learn the bound ports. A
+/// reader that has gone (a closed pipe, a log shipper that died) is no
+/// reason to stop serving: a failed write is logged, not a panic.
+pub(crate) fn announce(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let written = out
+        .write_fmt(line)
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush());
+    if let Err(e) = written {
+        tracing::warn!(error = %e, "could not write the start line to stdout");
+    }
+}
+
 pub async fn run(a: ServeArgs) -> CmdResult {
     let policy = a.auth.as_deref().map(crate::auth_cmd::load_policy).transpose()?;
     protected_mode("--listen", a.listen, a.insecure, policy.is_some())?;
@@ -75,14 +90,17 @@ pub async fn run(a: ServeArgs) -> CmdResult {
     let shutdown = shutdown_signal();
     // One line on stdout, so scripts (and tests) learn the bound port when --listen used port 0.
     let tls = if a.tls_cert.is_some() { ", TLS" } else { "" };
-    println!("leasefence listening on {} ({at}{tls})", server.local_addr()?);
+    announce(format_args!(
+        "leasefence listening on {} ({at}{tls})",
+        server.local_addr()?
+    ));
     if let Some(frames) = server.frames_addr() {
         let scheme = if a.tls_cert.is_some() {
             "leasefences"
         } else {
             "leasefence"
         };
-        println!("leasefence frames on {scheme}://{}", frames?);
+        announce(format_args!("leasefence frames on {scheme}://{}", frames?));
     }
     match server.run(shutdown).await {
         Ok(()) => {

@@ -3,7 +3,9 @@
 
 mod common;
 
-use common::{Coordinator, cli};
+use std::time::Duration;
+
+use common::{Coordinator, cli, ms};
 use serde_json::Value;
 
 #[test]
@@ -235,5 +237,54 @@ fn serve_on_a_port_in_use_says_which_and_why_once() {
         assert_eq!(code, 1, "{flag}: {out}{err}");
         assert!(err.contains(&format!("cannot listen on {addr}: ")), "{flag}: {err}");
         assert_eq!(err.matches("in use").count(), 1, "{flag}: the cause once: {err}");
+    }
+}
+
+/// A free loopback address (the port was just free).
+fn free_addr() -> String {
+    let free = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    free.local_addr().expect("addr").to_string()
+}
+
+/// `serve` and `gateway` announce their ports on stdout; a reader that has
+/// gone (a closed pipe, a log shipper that died) must not stop them.
+#[test]
+fn serve_and_gateway_keep_running_when_their_stdout_is_closed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for command in ["serve", "gateway"] {
+        let listen = free_addr();
+        let mut args = vec![command, "--listen", &listen, "--data-dir", command];
+        let frames = free_addr();
+        if command == "serve" {
+            args.extend(["--frames-listen", &frames]);
+        }
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        drop(reader);
+        let mut child = std::process::Command::new(common::BIN)
+            .current_dir(dir.path())
+            .args(&args)
+            .env("LEASEFENCE_LOG", "error")
+            .stdout(writer)
+            .spawn()
+            .expect("spawn");
+        let started = std::time::Instant::now();
+        let served = loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                break Err(format!("exited with {status}"));
+            }
+            if std::net::TcpStream::connect(&listen).is_ok() {
+                break Ok(());
+            }
+            if started.elapsed() > Duration::from_secs(10) {
+                break Err("not listening after 10 s".to_string());
+            }
+            std::thread::sleep(ms(50));
+        };
+        std::thread::sleep(ms(300));
+        let running = child.try_wait().expect("wait").is_none();
+        let _ = child.kill();
+        let _ = child.wait();
+        served.unwrap_or_else(|e| panic!("{command}: {e}"));
+        assert!(running, "{command} stopped after its stdout closed");
     }
 }
