@@ -112,6 +112,16 @@ pub(crate) fn parse_commit_spin(s: &str) -> Result<Duration, String> {
     Ok(spin)
 }
 
+/// `--connection-idle`: a duration from 1s to 24h.
+pub(crate) fn parse_connection_idle(s: &str) -> Result<Duration, String> {
+    let idle = humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 30s, 5m, 1h)"))?;
+    let (min, max) = (Duration::from_secs(1), Duration::from_secs(24 * 3600));
+    if idle < min || idle > max {
+        return Err("must be from 1s to 24h".to_string());
+    }
+    Ok(idle)
+}
+
 #[derive(Args, Debug)]
 pub struct ServeArgs {
     /// Address for gRPC and HTTP/JSON.
@@ -199,6 +209,13 @@ pub struct ServeArgs {
     /// process's file-descriptor limit (`ulimit -n`).
     #[arg(long, default_value_t = leasefence_server::auth::Limits::default().connections_max)]
     pub connections_max: usize,
+    /// Close a connection that has had nothing in progress (no request
+    /// being served, no keep-alive or watch stream open) for this long:
+    /// HTTP/2 gets a GOAWAY, a frame connection a `Closing` notice, and a
+    /// client opens a new connection for its next call. It frees the slots
+    /// of idle clients under --connections-max. From 1s to 24h.
+    #[arg(long, default_value = "5m", value_parser = parse_connection_idle)]
+    pub connection_idle: Duration,
     /// Serve TLS with this certificate chain (PEM, leaf first); needs
     /// --tls-key. Plaintext clients are then refused with a message.
     #[arg(long, env = "LEASEFENCE_TLS_CERT", value_name = "FILE")]

@@ -46,6 +46,7 @@ pub async fn run(a: ServeArgs) -> CmdResult {
     config.lease = lease;
     config.wait_max = a.wait_max;
     config.commit_spin = a.commit_spin;
+    config.connection_idle = a.connection_idle;
     config.metrics = leasefence_server::metrics::install_prometheus();
     if let Some(path) = &a.fence_key {
         let key = crate::fence_key_cmd::read("--fence-key", path)?;

@@ -16,7 +16,7 @@ use clap::parser::ValueSource;
 use serde::Deserialize;
 
 use crate::Failure;
-use crate::cli::{LogFormat, ServeArgs, parse_commit_spin, parse_duration};
+use crate::cli::{LogFormat, ServeArgs, parse_commit_spin, parse_connection_idle, parse_duration};
 
 /// The file's keys: one per `serve` flag (but `--config`).
 #[derive(Debug, Default, Deserialize)]
@@ -44,6 +44,7 @@ struct ServeFile {
     watchers_max: Option<usize>,
     watchers_per_principal_max: Option<usize>,
     connections_max: Option<usize>,
+    connection_idle: Option<String>,
     tls_cert: Option<String>,
     tls_key: Option<String>,
     tls_client_ca: Option<String>,
@@ -101,6 +102,9 @@ pub fn apply(a: &mut ServeArgs, m: &ArgMatches) -> Result<(), Failure> {
     }
     if let (Some(v), true) = (&file.commit_spin, unset("commit_spin")) {
         a.commit_spin = parse_commit_spin(v).map_err(|e| bad("commit-spin", format!("{v:?}: {e}")))?;
+    }
+    if let (Some(v), true) = (&file.connection_idle, unset("connection_idle")) {
+        a.connection_idle = parse_connection_idle(v).map_err(|e| bad("connection-idle", format!("{v:?}: {e}")))?;
     }
     let counts: [(&str, Option<usize>, &mut usize); 6] = [
         ("waiters_max", file.waiters_max, &mut a.waiters_max),
@@ -279,6 +283,30 @@ mod tests {
             let e = serve(toml, &[]).expect_err(toml);
             assert!(e.contains(says), "{toml:?}: the error names {says}: {e}");
         }
+    }
+
+    #[test]
+    fn the_connection_idle_timeout_is_from_1s_to_24h_from_a_flag_or_the_file() {
+        assert_eq!(serve("", &[]).expect("valid").connection_idle, Duration::from_secs(300));
+        let a = serve("connection-idle = \"1h\"\n", &[]).expect("valid");
+        assert_eq!(a.connection_idle, Duration::from_secs(3600));
+        let a = serve("connection-idle = \"1h\"\n", &["--connection-idle", "30s"]).expect("valid");
+        assert_eq!(
+            a.connection_idle,
+            Duration::from_secs(30),
+            "the flag wins over the file"
+        );
+        for bad in ["500ms", "25h", "0"] {
+            let e = serve("", &["--connection-idle", bad]).expect_err(bad);
+            assert!(
+                e.contains("--connection-idle") && e.contains("from 1s to 24h"),
+                "{bad}: {e}"
+            );
+        }
+        let e = serve("connection-idle = \"2d\"\n", &[]).expect_err("too long");
+        assert!(e.contains("connection-idle") && e.contains("from 1s to 24h"), "{e}");
+        let e = serve("connection-idle = \"soon\"\n", &[]).expect_err("not a duration");
+        assert!(e.contains("connection-idle") && e.contains("5m"), "{e}");
     }
 
     #[test]

@@ -240,6 +240,38 @@ fn serve_on_a_port_in_use_says_which_and_why_once() {
     }
 }
 
+/// `serve --connection-idle`: an idle frame connection is told it is
+/// closing after that long; a value out of bounds is refused at start.
+#[test]
+fn serve_closes_connections_idle_for_connection_idle() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let free = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let frames = free.local_addr().expect("addr").to_string();
+    drop(free);
+    let _c = Coordinator::start(dir.path(), &["--frames-listen", &frames, "--connection-idle", "1s"]);
+    let mut s = std::net::TcpStream::connect(&frames).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    // Hello, version 2, no token; then Welcome, version 2.
+    s.write_all(&[0, 0, 0, 4, 0x01, 2, 0, 0]).expect("hello");
+    let mut welcome = [0u8; 6];
+    s.read_exact(&mut welcome).expect("welcome");
+    assert_eq!(welcome, [0, 0, 0, 2, 0x81, 2]);
+    let started = std::time::Instant::now();
+    let mut closing = [0u8; 5];
+    s.read_exact(&mut closing).expect("told it is closing within 5 s");
+    assert_eq!(closing, [0, 0, 0, 1, 0x85], "a Closing frame");
+    let after = started.elapsed();
+    assert!(after >= ms(950) && after < Duration::from_secs(3), "after {after:?}");
+
+    let (code, _, err) = cli(&["serve", "--data-dir", "x", "--connection-idle", "2d"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--connection-idle") && err.contains("from 1s to 24h"),
+        "{err}"
+    );
+}
+
 /// A free loopback address (the port was just free).
 fn free_addr() -> String {
     let free = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
