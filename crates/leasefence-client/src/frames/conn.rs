@@ -142,13 +142,7 @@ impl Endpoint {
             loop {
                 let version = self.version.load(Ordering::Relaxed);
                 match self.handshake(options, version).await {
-                    // A coordinator of an earlier release: it speaks version 1 alone.
-                    Err(Handshake::Invalid(_)) if version > frame::VERSION_MIN => {
-                        self.version.store(frame::VERSION_MIN, Ordering::Relaxed);
-                    }
-                    Err(Handshake::Invalid(r)) => {
-                        return Err(self.transport(format!("refused the connection ({}): {}", r.kind, r.message)));
-                    }
+                    Err(Handshake::Older) => self.version.store(frame::VERSION_MIN, Ordering::Relaxed),
                     Err(Handshake::Failed(e)) => return Err(e),
                     Ok(conn) => return Ok(conn),
                 }
@@ -198,7 +192,7 @@ impl Endpoint {
             Ok(Response::Welcome { version: spoken }) => Err(Handshake::Failed(ClientError::Server(format!(
                 "the coordinator answered Hello version {version} with version {spoken}"
             )))),
-            Ok(Response::Refused(r)) if r.kind == "invalid" => Err(Handshake::Invalid(r)),
+            Ok(Response::Refused(r)) if r.kind == "invalid" && version > frame::VERSION_MIN => Err(Handshake::Older),
             Ok(Response::Refused(r)) => Err(Handshake::Failed(match r.kind.as_str() {
                 "unauthenticated" | "permission_denied" | "limit_exceeded" => ClientError::Refused {
                     kind: r.kind,
@@ -217,9 +211,9 @@ impl Endpoint {
 
 /// Why a handshake failed.
 enum Handshake {
-    /// The `Hello` was refused as `invalid`: by a coordinator of an earlier
-    /// release, the version it carried.
-    Invalid(frame::Refusal),
+    /// A `Hello` above version 1 was refused as `invalid`: by a coordinator
+    /// of an earlier release, which speaks version 1 alone.
+    Older,
     Failed(ClientError),
 }
 
