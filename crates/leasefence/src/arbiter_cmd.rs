@@ -19,6 +19,7 @@ use leasefence_arbiter::redis::Via;
 use leasefence_arbiter::{ArbiterError, BackendUrl, Fence, FenceMode, KeyChange};
 use leasefence_core::{ENV_RESOURCE, ENV_SIGNATURE, ENV_TOKEN, Invalid};
 
+use crate::out::{self, outln};
 use crate::{CmdResult, Failure};
 
 #[derive(Subcommand, Debug)]
@@ -88,11 +89,13 @@ fn failure(e: ArbiterError) -> Failure {
         // check failed before any trial.
         ArbiterError::UnsafeSettings { .. } => Failure::new(Failure::CHECK_FAILED, e),
         ArbiterError::BadSignature { .. } => {
-            println!("refused: {e}");
+            // The failure is reported either way; a stdout that cannot take
+            // this line adds nothing to it.
+            let _ = out::line(format_args!("refused: {e}"));
             Failure::new(Failure::CHECK_FAILED, e)
         }
         ArbiterError::Stale(s) => {
-            println!("rejected: {s}");
+            let _ = out::line(format_args!("rejected: {s}"));
             Failure::new(
                 Failure::CHECK_FAILED,
                 anyhow::anyhow!("the arbiter rejected the write: {s}"),
@@ -107,14 +110,14 @@ pub async fn run(c: ArbiterCommand) -> CmdResult {
         ArbiterCommand::Install { url } => {
             let installed = leasefence_arbiter::install(&url).await.map_err(failure)?;
             warn(&installed.warnings);
-            println!("installed the leasefence arbiter: {installed}");
+            outln!("installed the leasefence arbiter: {installed}")?;
             Ok(())
         }
         ArbiterCommand::Check { url, trials } => check(&url, trials).await,
         ArbiterCommand::Put { url, key, value, mode } => {
             let fence = fence_from_env()?;
             put(&url, &fence, mode.into(), &key, &value).await.map_err(failure)?;
-            println!("accepted {key} under {fence}");
+            outln!("accepted {key} under {fence}")?;
             Ok(())
         }
         ArbiterCommand::Key(k) => key(k).await,
@@ -140,15 +143,15 @@ async fn key(k: KeyCommand) -> CmdResult {
     };
     let (changed, ids) = leasefence_arbiter::fence_keys(url, change).await.map_err(failure)?;
     match change {
-        KeyChange::Add(key) => println!("installed fence key {}", key.id()),
-        KeyChange::Remove(id) if changed => println!("removed fence key {id}"),
-        KeyChange::Remove(id) => println!("no fence key {id} was installed"),
+        KeyChange::Add(key) => outln!("installed fence key {}", key.id())?,
+        KeyChange::Remove(id) if changed => outln!("removed fence key {id}")?,
+        KeyChange::Remove(id) => outln!("no fence key {id} was installed")?,
         KeyChange::List => {}
     }
     if ids.is_empty() {
-        println!("no fence keys: fences are not checked");
+        outln!("no fence keys: fences are not checked")?;
     } else {
-        println!("fence keys: {}", ids.join(", "));
+        outln!("fence keys: {}", ids.join(", "))?;
     }
     Ok(())
 }
@@ -157,15 +160,21 @@ async fn check(url: &str, trials: u32) -> CmdResult {
     let report = leasefence_arbiter::check(url, trials).await.map_err(failure)?;
     warn(&report.warnings);
     for c in &report.counterexamples {
-        println!(
+        outln!(
             "counterexample: trial {} on {}: paused token {}, newer token {}: {}",
-            c.trial, c.resource, c.paused_token, c.newer_token, c.what
-        );
+            c.trial,
+            c.resource,
+            c.paused_token,
+            c.newer_token,
+            c.what
+        )?;
     }
-    println!(
+    outln!(
         "{} trials, {} stale accepted, {} stale rejected",
-        report.trials, report.stale_accepted, report.stale_rejected
-    );
+        report.trials,
+        report.stale_accepted,
+        report.stale_rejected
+    )?;
     if report.passed() {
         Ok(())
     } else {

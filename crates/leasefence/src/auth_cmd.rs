@@ -21,6 +21,7 @@ use serde_json::json;
 
 use crate::cli::ServerArg;
 use crate::client_cmds::failure;
+use crate::out::outln;
 use crate::{CmdResult, Failure};
 
 #[derive(Subcommand, Debug)]
@@ -46,7 +47,7 @@ pub fn run(c: AuthCommand) -> CmdResult {
             std::io::stdin()
                 .read_to_string(&mut input)
                 .map_err(|e| Failure::invalid(format!("cannot read the token on stdin: {e}")))?;
-            println!("{}", hash_token(&token_of(&input)?));
+            outln!("{}", hash_token(&token_of(&input)?))?;
             Ok(())
         }
     }
@@ -73,11 +74,11 @@ pub async fn force_release(a: ForceReleaseArgs) -> CmdResult {
     let ended = client.force_release(&res).await.map_err(failure)?;
     if a.json {
         let v = json!({ "resource": res.as_str(), "token": ended.map(|t| t.get()), "released": ended.is_some() });
-        println!("{v}");
+        outln!("{v}")?;
     } else {
         match ended {
-            Some(t) => println!("force-released {} token={t}", res.shown()),
-            None => println!("{}: not held; nothing to release", res.shown()),
+            Some(t) => outln!("force-released {} token={t}", res.shown())?,
+            None => outln!("{}: not held; nothing to release", res.shown())?,
         }
     }
     Ok(())

@@ -5,6 +5,7 @@ use leasefence_core::{Holder, LeaseError, LeaseId, ResourceId};
 use serde_json::json;
 
 use crate::cli::{AcquireArgs, LeaseArgs, StatusArgs};
+use crate::out::outln;
 use crate::{CmdResult, Failure};
 
 /// Maps a client error to the documented exit codes.
@@ -37,7 +38,7 @@ pub(crate) fn default_holder() -> String {
     format!("{host}:{}", std::process::id())
 }
 
-fn print_lease(l: &LeaseInfo, as_json: bool, verb: &str) {
+fn print_lease(l: &LeaseInfo, as_json: bool, verb: &str) -> CmdResult {
     if as_json {
         let mut v = json!({
             "resource": l.resource.as_str(),
@@ -50,22 +51,23 @@ fn print_lease(l: &LeaseInfo, as_json: bool, verb: &str) {
         if let Some(s) = &l.signature {
             v["signature"] = json!(s);
         }
-        println!("{v}");
+        outln!("{v}")?;
     } else {
         let signature = l
             .signature
             .as_ref()
             .map(|s| format!(" signature={s}"))
             .unwrap_or_default();
-        println!(
+        outln!(
             "{verb} {} token={} lease_id={} ttl={} holder={}{signature}",
             l.resource.shown(),
             l.token,
             l.lease_id.to_hex(),
             humantime::format_duration(l.ttl),
             l.holder.shown()
-        );
+        )?;
     }
+    Ok(())
 }
 
 pub async fn acquire(a: AcquireArgs) -> CmdResult {
@@ -77,7 +79,15 @@ pub async fn acquire(a: AcquireArgs) -> CmdResult {
         .with_wait(a.wait)
         .with_lock_delay(a.lock_delay);
     let lease = client.acquire_with(&res, &config).await.map_err(failure)?;
-    print_lease(&lease, a.json, "acquired");
+    if let Err(f) = print_lease(&lease, a.json, "acquired") {
+        // No one can learn this lease's id: give it back rather than leave
+        // the resource held for its TTL.
+        let then = match client.release(&res, &lease.lease_id).await {
+            Ok(_) => "the lease was released".to_string(),
+            Err(e) => format!("the lease is held until it expires (releasing it failed: {e})"),
+        };
+        return Err(Failure::new(f.code, anyhow::anyhow!("{}; {then}", f.error)));
+    }
     Ok(())
 }
 
@@ -85,8 +95,7 @@ pub async fn renew(a: LeaseArgs) -> CmdResult {
     let (res, id) = (resource(&a.resource)?, lease_id(&a.lease_id)?);
     let client = a.server.connect().await?;
     let lease = client.renew(&res, &id).await.map_err(failure)?;
-    print_lease(&lease, a.json, "renewed");
-    Ok(())
+    print_lease(&lease, a.json, "renewed")
 }
 
 pub async fn release(a: LeaseArgs) -> CmdResult {
@@ -94,12 +103,12 @@ pub async fn release(a: LeaseArgs) -> CmdResult {
     let client = a.server.connect().await?;
     let token = client.release(&res, &id).await.map_err(failure)?;
     if a.json {
-        println!(
+        outln!(
             "{}",
             json!({ "resource": res.as_str(), "token": token.get(), "released": true })
-        );
+        )?;
     } else {
-        println!("released {} token={token}", res.shown());
+        outln!("released {} token={token}", res.shown())?;
     }
     Ok(())
 }
@@ -118,18 +127,18 @@ pub async fn status(a: StatusArgs) -> CmdResult {
             "expires_in_ms": held.map(|h| u64::try_from(h.2.as_millis()).unwrap_or(u64::MAX)),
             "waiters": s.waiters,
         });
-        println!("{v}");
+        outln!("{v}")?;
     } else {
         let last = s.last_token.map_or("none".to_string(), |t| t.to_string());
         match &s.held {
-            Some((holder, token, left)) => println!(
+            Some((holder, token, left)) => outln!(
                 "{}: held by {} token={token} expires_in={} last_token={last} waiters={}",
                 res.shown(),
                 holder.shown(),
                 humantime::format_duration(*left),
                 s.waiters
-            ),
-            None => println!("{}: not held last_token={last}", res.shown()),
+            )?,
+            None => outln!("{}: not held last_token={last}", res.shown())?,
         }
     }
     Ok(())

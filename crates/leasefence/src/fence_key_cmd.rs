@@ -6,6 +6,7 @@ use std::path::Path;
 use clap::{Args, Subcommand};
 use leasefence_core::signing::{FenceKey, SECRET_LEN};
 
+use crate::out::outln;
 use crate::{CmdResult, Failure};
 
 #[derive(Subcommand, Debug)]
@@ -30,7 +31,7 @@ pub fn run(c: FenceKeyCommand) -> CmdResult {
             getrandom::fill(&mut secret)
                 .map_err(|e| Failure::new(Failure::INTERNAL, anyhow::anyhow!("no randomness: {e}")))?;
             let key = FenceKey::new(&a.id, secret).map_err(Failure::invalid)?;
-            println!("{}", key.to_line());
+            outln!("{}", key.to_line())?;
             Ok(())
         }
     }

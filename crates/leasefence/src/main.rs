@@ -22,6 +22,7 @@ mod elect_cmd;
 mod fence_key_cmd;
 mod gateway_cmd;
 mod observe_cmd;
+mod out;
 mod run_cmd;
 mod serve;
 mod serve_config;

@@ -9,6 +9,7 @@ use serde_json::json;
 
 use crate::cli::ServerArg;
 use crate::client_cmds::failure;
+use crate::out;
 use crate::{CmdResult, Failure};
 
 #[derive(Args, Debug)]
@@ -25,21 +26,25 @@ pub struct ObserveArgs {
     pub server: ServerArg,
 }
 
-fn print(name: &ResourceId, change: &LeaderChange, as_json: bool) {
+fn print(name: &ResourceId, change: &LeaderChange, as_json: bool) -> std::io::Result<()> {
     match (change, as_json) {
         (LeaderChange::Leader { term, holder }, true) => {
             let v = json!({ "name": name.as_str(), "state": "leader", "term": term.get(), "holder": holder.as_str() });
-            println!("{v}");
+            out::line(format_args!("{v}"))
         }
         (LeaderChange::Vacant { last_term }, true) => {
             let v = json!({ "name": name.as_str(), "state": "vacant", "last_term": last_term.map(|t| t.get()) });
-            println!("{v}");
+            out::line(format_args!("{v}"))
         }
-        (LeaderChange::Leader { term, holder }, false) => {
-            println!("leader {} term={term} holder={}", name.shown(), holder.shown())
+        (LeaderChange::Leader { term, holder }, false) => out::line(format_args!(
+            "leader {} term={term} holder={}",
+            name.shown(),
+            holder.shown()
+        )),
+        (LeaderChange::Vacant { last_term: Some(t) }, false) => {
+            out::line(format_args!("vacant {} last_term={t}", name.shown()))
         }
-        (LeaderChange::Vacant { last_term: Some(t) }, false) => println!("vacant {} last_term={t}", name.shown()),
-        (LeaderChange::Vacant { last_term: None }, false) => println!("vacant {}", name.shown()),
+        (LeaderChange::Vacant { last_term: None }, false) => out::line(format_args!("vacant {}", name.shown())),
     }
 }
 
@@ -52,7 +57,9 @@ pub async fn run(a: ObserveArgs) -> CmdResult {
     while let Some(item) = changes.next().await {
         match item {
             Ok(change) => {
-                print(&name, &change, a.json);
+                if !out::streamed(print(&name, &change, a.json))? {
+                    return Ok(()); // the reader has gone: as after --count
+                }
                 printed += 1;
                 if a.count.is_some_and(|c| printed >= c) {
                     return Ok(());

@@ -22,13 +22,7 @@ use crate::{CmdResult, Failure};
 /// reader that has gone (a closed pipe, a log shipper that died) is no
 /// reason to stop serving: a failed write is logged, not a panic.
 pub(crate) fn announce(line: std::fmt::Arguments<'_>) {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    let written = out
-        .write_fmt(line)
-        .and_then(|()| out.write_all(b"\n"))
-        .and_then(|()| out.flush());
-    if let Err(e) = written {
+    if let Err(e) = crate::out::line(line) {
         tracing::warn!(error = %e, "could not write the start line to stdout");
     }
 }

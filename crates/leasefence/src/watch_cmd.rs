@@ -13,6 +13,7 @@ use serde_json::json;
 use tonic::Code;
 
 use crate::cli::ServerArg;
+use crate::out;
 use crate::{CmdResult, Failure};
 
 #[derive(Args, Debug)]
@@ -41,29 +42,29 @@ fn kind_name(kind: i32) -> &'static str {
     }
 }
 
-fn print(e: &pb::WatchEvent, as_json: bool) {
+fn print(e: &pb::WatchEvent, as_json: bool) -> std::io::Result<()> {
     if as_json {
         let holder = (!e.holder.is_empty()).then_some(e.holder.as_str());
         let v = json!({ "revision": e.revision, "kind": kind_name(e.kind), "resource": e.resource,
                         "token": e.token, "holder": holder });
-        println!("{v}");
+        out::line(format_args!("{v}"))
     } else if e.holder.is_empty() {
-        println!(
+        out::line(format_args!(
             "{} {} {} token={}",
             e.revision,
             kind_name(e.kind),
             shown(&e.resource),
             e.token
-        );
+        ))
     } else {
-        println!(
+        out::line(format_args!(
             "{} {} {} token={} holder={}",
             e.revision,
             kind_name(e.kind),
             shown(&e.resource),
             e.token,
             shown(&e.holder)
-        );
+        ))
     }
 }
 
@@ -107,7 +108,9 @@ pub async fn run(a: WatchArgs) -> CmdResult {
         opened_once = true;
         backoff = Duration::from_millis(100);
         while let Ok(Some(e)) = stream.message().await {
-            print(&e, a.json);
+            if !out::streamed(print(&e, a.json))? {
+                return Ok(()); // the reader has gone: as after --count
+            }
             resume = Some((e.revision, e.coordinator_id.clone()));
             seen += 1;
             if a.count.is_some_and(|c| seen >= c) {

@@ -320,3 +320,78 @@ fn serve_and_gateway_keep_running_when_their_stdout_is_closed() {
         assert!(running, "{command} stopped after its stdout closed");
     }
 }
+
+/// `watch … | head -1`: once the reader has gone, the next line cannot be
+/// written. The stream is over for whoever read it, so the command ends as
+/// after `--count`, quietly and with 0, rather than panicking.
+#[test]
+fn watch_and_observe_end_quietly_when_their_reader_has_gone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Coordinator::start(dir.path(), &[]);
+    let url = c.url.as_str();
+    for args in [
+        ["watch", "gone/", "--prefix", "--server", url],
+        ["observe", "gone/elected", "--server", url, "--json"],
+    ] {
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        drop(reader);
+        let mut child = std::process::Command::new(common::BIN)
+            .args(args)
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        // `observe` prints the current state at once; `watch` prints a
+        // transition, made here until one reaches it.
+        let started = std::time::Instant::now();
+        let mut n = 0;
+        while child.try_wait().expect("wait").is_none() {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "{}: still running after 10 s",
+                args[0]
+            );
+            if args[0] == "watch" {
+                n += 1;
+                let res = format!("gone/{n}");
+                let (code, _, err) = cli(&["acquire", &res, "--ttl", "10s", "--server", url]);
+                assert_eq!(code, 0, "{err}");
+            }
+            std::thread::sleep(ms(100));
+        }
+        let out = child.wait_with_output().expect("output");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{}: {}; stderr: {err}", args[0], out.status);
+        assert!(err.is_empty(), "{}: nothing on stderr, got: {err}", args[0]);
+    }
+}
+
+/// An `acquire` whose stdout is closed cannot hand anyone the lease id: it
+/// says so, gives the lease back, and leaves the resource free.
+#[test]
+fn acquire_with_a_closed_stdout_fails_and_gives_the_lease_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Coordinator::start(dir.path(), &[]);
+    let url = c.url.as_str();
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let out = std::process::Command::new(common::BIN)
+        .args(["acquire", "unread/1", "--ttl", "1h", "--server", url])
+        .stdout(writer)
+        .output()
+        .expect("run acquire");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{}; stderr: {err}", out.status);
+    assert!(
+        err.contains("cannot write to stdout") && err.contains("the lease was released"),
+        "{err}"
+    );
+    let (code, status, err) = cli(&["status", "unread/1", "--json", "--server", url]);
+    assert_eq!(code, 0, "{err}");
+    let status: Value = serde_json::from_str(status.trim()).expect("one JSON object");
+    assert_eq!(
+        (status["holder"].as_str(), status["last_token"].as_u64()),
+        (None, Some(1)),
+        "granted once, then given back: {status}"
+    );
+}

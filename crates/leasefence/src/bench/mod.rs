@@ -33,6 +33,7 @@ use hdrhistogram::Histogram;
 use leasefence_server::{Server, ServerConfig};
 
 use crate::cli::parse_duration;
+use crate::out::outln;
 use crate::{CmdResult, Failure};
 use plan::Plan;
 use progress::Progress;
@@ -212,9 +213,9 @@ pub async fn run(a: BenchArgs) -> CmdResult {
         // The wire leasefence and noop were measured over, beside the figures.
         let mut json = serde_json::to_value(&report)?;
         json["transport"] = serde_json::Value::from(plan.transport.name());
-        println!("{json}");
+        outln!("{json}")?;
     } else {
-        print!("\n{}", report.table(plan.rounds));
+        outln!("\n{}", report.table(plan.rounds).trim_end())?;
     }
     if let Some(stop) = stop {
         let _ = stop.send(());
@@ -228,9 +229,9 @@ async fn run_scale(a: &BenchArgs, plan: &Plan) -> CmdResult {
         .await
         .map_err(|e| Failure::new(Failure::INTERNAL, e))?;
     if a.json {
-        println!("{}", serde_json::json!({ "idle": rows }));
+        outln!("{}", serde_json::json!({ "idle": rows }))?;
     } else {
-        print!("\n{}", scale::table(&rows, plan.rounds));
+        outln!("\n{}", scale::table(&rows, plan.rounds).trim_end())?;
     }
     Ok(())
 }

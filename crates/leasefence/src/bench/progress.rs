@@ -2,7 +2,7 @@
 //! plain line per finished segment otherwise (a log, a pipe, CI). With
 //! `--json` it all goes to stderr, so that stdout holds the JSON alone.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -44,9 +44,10 @@ impl Progress {
         match &self.bar {
             Some(bar) => bar.println(text),
             None if self.to_stderr => eprintln!("{text}"),
+            // A stdout that cannot be written to fails the run's report
+            // at the end; a progress line is not worth stopping for.
             None => {
-                println!("{text}");
-                let _ = std::io::stdout().flush();
+                let _ = crate::out::line(format_args!("{text}"));
             }
         }
     }
