@@ -23,6 +23,10 @@ mod config;
 mod http;
 pub mod precondition;
 mod reply;
+mod serve;
+#[cfg(test)]
+#[path = "gateway/silent_tests.rs"]
+mod silent_tests;
 mod store;
 #[cfg(test)]
 #[path = "gateway/vanish_tests.rs"]
@@ -39,6 +43,7 @@ use crate::ArbiterError;
 
 pub use config::{GatewayConfig, parse_size};
 pub use precondition::Etag;
+pub(crate) use serve::HEADER_READ_TIMEOUT;
 
 /// Header choosing the arbiter rule of one write: `strict` (the default) or `monotonic`.
 pub const HEADER_MODE: &str = "leasefence-mode";
@@ -110,11 +115,11 @@ impl Gateway {
 
     /// Serves until `shutdown` completes, then lets requests in flight finish.
     /// `shutdown` is first polled only once serving has begun: a signal
-    /// handler in it must be installed before it is passed in.
+    /// handler in it must be installed before it is passed in. HTTP/1.1,
+    /// each request head within 30 s (see `serve`).
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
-        let app = http::router(self.store);
-        let listener = axum::serve::ListenerExt::tap_io(self.listener, accepted);
-        axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+        serve::serve(self.listener, http::router(self.store), shutdown).await;
+        Ok(())
     }
 }
 

@@ -41,6 +41,10 @@ impl GatewayTarget {
         let base = url.trim_end_matches('/').to_string();
         let http = reqwest::Client::builder()
             .timeout(crate::pause_kit::STEP_TIMEOUT)
+            // Well within the gateway's deadline for the next request head,
+            // after which it closes an idle connection: a pooled connection
+            // is dropped here first, so no request crosses that close.
+            .pool_idle_timeout(crate::gateway::HEADER_READ_TIMEOUT / 2)
             .build()
             .map_err(|e| transport(&base, e))?;
         let target = GatewayTarget {
