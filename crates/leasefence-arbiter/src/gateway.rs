@@ -20,13 +20,13 @@
 mod blob;
 pub mod client;
 mod config;
+#[cfg(test)]
+#[path = "gateway/connection_tests.rs"]
+mod connection_tests;
 mod http;
 pub mod precondition;
 mod reply;
 mod serve;
-#[cfg(test)]
-#[path = "gateway/silent_tests.rs"]
-mod silent_tests;
 mod store;
 #[cfg(test)]
 #[path = "gateway/vanish_tests.rs"]
@@ -75,6 +75,7 @@ pub enum GatewayError {
 /// A gateway bound to its address, its store opened and swept.
 pub struct Gateway {
     listener: tokio::net::TcpListener,
+    connections_max: usize,
     store: Arc<store::Store>,
     swept: store::Swept,
 }
@@ -99,6 +100,7 @@ impl Gateway {
             })?;
         Ok(Gateway {
             listener,
+            connections_max: config.connections_max(),
             store: Arc::new(store),
             swept,
         })
@@ -116,9 +118,11 @@ impl Gateway {
     /// Serves until `shutdown` completes, then lets requests in flight finish.
     /// `shutdown` is first polled only once serving has begun: a signal
     /// handler in it must be installed before it is passed in. HTTP/1.1,
-    /// each request head within 30 s (see `serve`).
+    /// each request head within 30 s, at most `connections_max` connections
+    /// (see `serve`).
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
-        serve::serve(self.listener, http::router(self.store), shutdown).await;
+        let app = http::router(self.store);
+        serve::serve(self.listener, app, self.connections_max, shutdown).await;
         Ok(())
     }
 }

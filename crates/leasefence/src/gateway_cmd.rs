@@ -23,6 +23,12 @@ pub struct GatewayArgs {
     /// (1B..=1TiB); larger bodies get 413.
     #[arg(long, default_value = "64MiB", value_parser = object_size)]
     pub object_size_max: u64,
+    /// Most open connections (1..=1000000); beyond it a new connection's
+    /// request gets 429 `limit_exceeded` and the connection is closed. An
+    /// upload holds a connection and a temp file: keep it below half of
+    /// `ulimit -n`.
+    #[arg(long, default_value_t = GatewayConfig::CONNECTIONS_MAX_DEFAULT)]
+    pub connections_max: usize,
     /// Listen beyond loopback anyway (put an authenticating proxy in front).
     #[arg(long)]
     pub insecure: bool,
@@ -73,7 +79,9 @@ pub async fn run(a: GatewayArgs) -> CmdResult {
     }
     let config = GatewayConfig::new(a.listen, a.data_dir.clone())
         .with_object_size_max(a.object_size_max)
-        .map_err(|e| Failure::invalid(format!("--object-size-max: {}", e.message())))?;
+        .map_err(|e| Failure::invalid(format!("--object-size-max: {}", e.message())))?
+        .with_connections_max(a.connections_max)
+        .map_err(|e| Failure::invalid(format!("--connections-max: {}", e.message())))?;
     let config = match fence_verifier(&a.fence_keys, "--fence-key")? {
         Some(keys) => config.with_fence_keys(keys),
         None => config,

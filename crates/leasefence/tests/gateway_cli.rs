@@ -69,6 +69,11 @@ fn bad_flags_are_refused_with_what_is_allowed() {
         (&["gateway", "--data-dir", d, "--object-size-max", "0"], "1B..=1TiB"),
         (&["gateway", "--data-dir", d, "--object-size-max", "2TiB"], "1B..=1TiB"),
         (&["gateway", "--data-dir", d, "--listen", "localhost"], "--listen"),
+        (&["gateway", "--data-dir", d, "--connections-max", "0"], "1..=1000000"),
+        (
+            &["gateway", "--data-dir", d, "--connections-max", "many"],
+            "--connections-max",
+        ),
         (&["gateway"], "--data-dir"),
     ];
     for (args, says) in cases {

@@ -19,6 +19,7 @@ pub struct GatewayConfig {
     listen: SocketAddr,
     data_dir: PathBuf,
     object_size_max: u64,
+    connections_max: usize,
     fence_keys: Option<Verifier>,
 }
 
@@ -28,12 +29,17 @@ impl GatewayConfig {
     pub const OBJECT_SIZE_MAX_DEFAULT: u64 = 64 * MIB;
     /// The largest `object_size_max` accepted: 1 TiB.
     pub const OBJECT_SIZE_MAX_LIMIT: u64 = TIB;
+    /// Default most open connections.
+    pub const CONNECTIONS_MAX_DEFAULT: usize = 1000;
+    /// The largest `connections_max` accepted.
+    pub const CONNECTIONS_MAX_LIMIT: usize = 1_000_000;
 
     pub fn new(listen: SocketAddr, data_dir: impl Into<PathBuf>) -> GatewayConfig {
         GatewayConfig {
             listen,
             data_dir: data_dir.into(),
             object_size_max: Self::OBJECT_SIZE_MAX_DEFAULT,
+            connections_max: Self::CONNECTIONS_MAX_DEFAULT,
             fence_keys: None,
         }
     }
@@ -63,6 +69,23 @@ impl GatewayConfig {
         }
         self.object_size_max = bytes;
         Ok(self)
+    }
+
+    /// Beyond `n` open connections, a new one is answered 429
+    /// (`limit_exceeded`, `connections-max`) and closed; 1..=1,000,000.
+    pub fn with_connections_max(mut self, n: usize) -> Result<GatewayConfig, Invalid> {
+        if n == 0 || n > Self::CONNECTIONS_MAX_LIMIT {
+            return Err(Invalid::new(
+                "connections_max",
+                format!("must be 1..={}, got {n}", Self::CONNECTIONS_MAX_LIMIT),
+            ));
+        }
+        self.connections_max = n;
+        Ok(self)
+    }
+
+    pub fn connections_max(&self) -> usize {
+        self.connections_max
     }
 
     pub fn listen(&self) -> SocketAddr {
@@ -144,5 +167,15 @@ mod tests {
         assert_eq!(c.clone().with_object_size_max(1).map(|c| c.object_size_max()), Ok(1));
         assert!(c.clone().with_object_size_max(0).is_err());
         assert!(c.with_object_size_max(TIB + 1).is_err());
+    }
+
+    #[test]
+    fn connections_max_is_bounded() {
+        let c = GatewayConfig::new("127.0.0.1:0".parse().expect("addr"), "d");
+        assert_eq!(c.connections_max(), 1000);
+        assert_eq!(c.clone().with_connections_max(1).map(|c| c.connections_max()), Ok(1));
+        let zero = c.clone().with_connections_max(0).expect_err("0");
+        assert!(zero.message().contains("1..=1000000"), "{zero}");
+        assert!(c.with_connections_max(1_000_001).is_err());
     }
 }

@@ -40,6 +40,8 @@ pub(crate) enum Refusal {
     NoRoute,
     /// 400: the request body ended before it was complete.
     BodyFailed(String),
+    /// 429: the connection is beyond `connections_max`; it is closed after this.
+    TooManyConnections { max: usize },
     /// 507: the disk is full; the body was discarded.
     InsufficientStorage(String),
     /// 500: logged, not shown.
@@ -131,6 +133,11 @@ impl IntoResponse for Refusal {
             Refusal::BodyFailed(why) => (
                 StatusCode::BAD_REQUEST,
                 json!({"error": "body_incomplete", "message": format!("the request body did not arrive whole, nothing was written: {why}")}),
+            ),
+            Refusal::TooManyConnections { max } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                json!({"error": "limit_exceeded", "limit": "connections-max", "max": max, "message": format!(
+                    "{max} connections are open (--connections-max); retry later on a new connection")}),
             ),
             Refusal::InsufficientStorage(why) => {
                 tracing::warn!(error = %why, "an object did not fit on the disk");

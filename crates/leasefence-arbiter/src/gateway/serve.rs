@@ -17,16 +17,24 @@
 //! HTTP/1.1 only: telling HTTP/1 from HTTP/2 without TLS means reading the
 //! first bytes with no deadline of hyper's, and an object store's clients
 //! speak HTTP/1.1.
+//!
+//! Beyond `connections_max` open connections a new one is still accepted,
+//! and its request answered 429 (`limit_exceeded`) before it is closed, so
+//! that its client learns why instead of waiting on a full accept queue.
 
 use std::future::Future;
 use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::Router;
 use axum::serve::{Listener, ListenerExt};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
+
+use super::reply::Refusal;
 
 /// Longest a connection may take to send a request head, counted from when
 /// it is waited for (at once, or after the previous answer).
@@ -36,15 +44,23 @@ pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 #[cfg(test)]
 pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Serves `listener`'s connections with `app` until `signal` completes, then
-/// stops accepting and returns once every open connection has ended: each
-/// is told to close after the answer in progress, and one waiting for a
-/// request head closes at once or at that head's deadline.
+/// Serves `listener`'s connections with `app`, at most `connections_max` at
+/// once, until `signal` completes, then stops accepting and returns once
+/// every open connection has ended: each is told to close after the answer
+/// in progress, and one waiting for a request head closes at once or at that
+/// head's deadline.
 pub(super) async fn serve(
     listener: tokio::net::TcpListener,
     app: Router,
+    connections_max: usize,
     signal: impl Future<Output = ()> + Send + 'static,
 ) {
+    let max = connections_max.min(Semaphore::MAX_PERMITS);
+    let connections = Arc::new(Semaphore::new(max));
+    let busy = Router::new().fallback(move || async move { Refusal::TooManyConnections { max } });
+    // Set while connections are being refused, so the operator is told once
+    // each time the limit is reached, not once per refused connection.
+    let full = Arc::new(AtomicBool::new(false));
     // Dropping `stop_rx` tells every connection; `open_tx` is closed once
     // each connection has dropped its `open_rx`.
     let (stop_tx, stop_rx) = watch::channel(());
@@ -61,13 +77,31 @@ pub(super) async fn serve(
             accepted = listener.accept() => accepted,
             () = stop_tx.closed() => break,
         };
-        let service = TowerToHyperService::new(app.clone());
+        // Held until the connection ends.
+        let permit = connections.clone().try_acquire_owned().ok();
+        let service = match &permit {
+            Some(_) => {
+                full.store(false, Ordering::Relaxed);
+                TowerToHyperService::new(app.clone())
+            }
+            None => {
+                if !full.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        connections_max = max,
+                        "connections-max reached: new connections are refused (429) until one closes"
+                    );
+                }
+                TowerToHyperService::new(busy.clone())
+            }
+        };
         let (stop_tx, open_rx) = (stop_tx.clone(), open_rx.clone());
         tokio::spawn(async move {
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder
                 .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT);
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                // A refused connection is closed after its answer.
+                .keep_alive(permit.is_some());
             let mut conn = pin!(builder.serve_connection(TokioIo::new(io), service));
             let mut stop = pin!(stop_tx.closed());
             let mut stopping = false;
@@ -87,7 +121,7 @@ pub(super) async fn serve(
                     }
                 }
             }
-            drop(open_rx);
+            drop((open_rx, permit));
         });
     }
     drop(open_rx);
