@@ -25,7 +25,6 @@
 use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -60,7 +59,7 @@ pub(super) async fn serve(
     let busy = Router::new().fallback(move || async move { Refusal::TooManyConnections { max } });
     // Set while connections are being refused, so the operator is told once
     // each time the limit is reached, not once per refused connection.
-    let full = Arc::new(AtomicBool::new(false));
+    let mut full = false;
     // Dropping `stop_rx` tells every connection; `open_tx` is closed once
     // each connection has dropped its `open_rx`.
     let (stop_tx, stop_rx) = watch::channel(());
@@ -81,11 +80,11 @@ pub(super) async fn serve(
         let permit = connections.clone().try_acquire_owned().ok();
         let service = match &permit {
             Some(_) => {
-                full.store(false, Ordering::Relaxed);
+                full = false;
                 TowerToHyperService::new(app.clone())
             }
             None => {
-                if !full.swap(true, Ordering::Relaxed) {
+                if !std::mem::replace(&mut full, true) {
                     tracing::warn!(
                         connections_max = max,
                         "connections-max reached: new connections are refused (429) until one closes"
