@@ -1,3 +1,7 @@
+//! Unit tests of the fenced consumer's pure parts: each verdict's settlement
+//! and counter, what a poison or stale message keeps, and that the handler
+//! runs only for a message whose fence is admitted.
+
 use std::sync::Mutex;
 use std::time::Duration;
 

@@ -1,3 +1,7 @@
+//! Unit tests of the access policy: token and certificate look-up, which
+//! rules grant what, the refusals' wording, bad policy files and the holder a
+//! grant records.
+
 use super::*;
 
 fn spec(name: &str, token: &str, rules: &[(&str, &[&str])]) -> PrincipalSpec {

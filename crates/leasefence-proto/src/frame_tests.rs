@@ -1,3 +1,7 @@
+//! Unit tests of the frame codec: every frame round-trips, a cut or padded
+//! frame is refused with a message that says what is wrong, and strings are
+//! bounded on a character boundary.
+
 use super::*;
 
 fn id(n: u8) -> LeaseId {
