@@ -12,7 +12,8 @@
 //!
 //! Every batch of the leader's writer is one transaction that compares the
 //! epoch key (still the writer's epoch) and the leader key (still bound to the
-//! writer's lease), and each record's revision (as read for the batch), before
+//! writer's lease), and each record's revision (as read for the batch, or as
+//! the writer itself last wrote or read it, which spares the read), before
 //! it puts the records: a deposed leader writes nothing. A batch takes at most
 //! etcd's operations per transaction less two (126 by default), which
 //! [`crate::LeaseStore::batch_max`] tells the committer.

@@ -7,6 +7,7 @@
 //! threads may block on it at once.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use etcd_client::{Client, ConnectOptions};
@@ -31,6 +32,8 @@ pub(super) struct Conn {
     members: Mutex<Members>,
     rt: Rt,
     config: EtcdConfig,
+    /// Requests sent, retries included: what the tests count round trips by.
+    sent: AtomicU64,
 }
 
 /// One client per member, dialled lazily, and the member calls go to. Calls
@@ -56,11 +59,18 @@ impl Conn {
             }),
             rt: Rt(Some(rt)),
             config,
+            sent: AtomicU64::new(0),
         })
     }
 
     pub(super) fn config(&self) -> &EtcdConfig {
         &self.config
+    }
+
+    /// Requests sent so far.
+    #[cfg(test)]
+    pub(super) fn sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
     }
 
     fn members(&self) -> MutexGuard<'_, Members> {
@@ -143,6 +153,7 @@ impl Conn {
         loop {
             tries -= 1;
             let (i, client) = self.client()?;
+            self.sent.fetch_add(1, Ordering::Relaxed);
             let call = f(client);
             let out = self.block_on(async move { tokio::time::timeout(timeout, call).await })?;
             let (err, not_taken) = match out {

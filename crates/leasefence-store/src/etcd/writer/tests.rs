@@ -2,11 +2,14 @@
 //! (`LEASEFENCE_TEST_ETCD_URL`): a batch read while leading and written after
 //! a takeover, or after its records changed, writes nothing. (The read alone
 //! would let such a batch through; only the transaction's compares stop it.)
-//! And a write whose answer is lost is reported as of unknown outcome.
+//! And a write whose answer is lost is reported as of unknown outcome. A
+//! writer that knows a batch's records (it wrote them last) writes them in one
+//! round trip, and what it knows never gets a write past the fence or over a
+//! record someone else changed.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use leasefence_core::{Holder, LeaseId, Mutation, ResourceId, Token};
+use leasefence_core::{Holder, LeaseId, Mutation, ReleaseCause, ResourceId, Token};
 
 use crate::etcd::{EtcdConfig, EtcdShared};
 use crate::{LeaseStore, SharedStore, StoreError};
@@ -57,6 +60,117 @@ fn grant(resource: &str, token: u64) -> Mutation {
     }
 }
 
+fn release(resource: &str, token: u64) -> Mutation {
+    Mutation::Release {
+        resource: ResourceId::new(resource).expect("valid"),
+        token: Token::new(token).expect("non-zero"),
+        cause: ReleaseCause::Released,
+        lock_delay: Duration::ZERO,
+    }
+}
+
+/// The records under `s`'s prefix, by resource: (last token, held?).
+fn tokens(s: &EtcdShared, epoch: crate::shared::Epoch) -> Vec<(String, u64, bool)> {
+    let mut got: Vec<_> = s
+        .writer(epoch)
+        .expect("writer")
+        .load()
+        .expect("load")
+        .into_iter()
+        .map(|r| (r.resource.to_string(), r.last_token.get(), r.lease.is_some()))
+        .collect();
+    got.sort();
+    got
+}
+
+#[test]
+fn a_batch_on_records_the_writer_wrote_last_is_one_round_trip() {
+    let Some((s, _)) = stores("known") else { return };
+    let epoch = s.campaign("http://s", TTL).expect("campaign").expect("leads");
+    let mut w = s.writer(epoch).expect("writer");
+    let sent = || s.inner.conn.sent();
+
+    let before = sent();
+    w.apply(&[grant("known/a", 1)]).expect("grant");
+    assert_eq!(sent() - before, 2, "a record not known yet is read, then written");
+    let before = sent();
+    w.apply(&[release("known/a", 1)]).expect("release");
+    w.apply(&[grant("known/a", 2), grant("known/b", 1)])
+        .expect("a batch with a new record");
+    assert_eq!(
+        sent() - before,
+        1 + 2,
+        "the release is one write; a batch with a new record reads it"
+    );
+    let before = sent();
+    w.apply(&[release("known/a", 2), release("known/b", 1)])
+        .expect("release both");
+    assert_eq!(sent() - before, 1, "both records known: one write");
+    assert_eq!(
+        tokens(&s, epoch),
+        vec![("known/a".into(), 2, false), ("known/b".into(), 1, false)],
+        "etcd holds every write"
+    );
+    s.resign(epoch).expect("resign");
+}
+
+#[test]
+fn a_record_changed_by_another_writer_is_read_again_before_it_is_written() {
+    let Some((s, _)) = stores("known-race") else { return };
+    let epoch = s.campaign("http://s", TTL).expect("campaign").expect("leads");
+    let (mut w, mut other) = (s.writer(epoch).expect("writer"), s.writer(epoch).expect("writer"));
+    w.apply(&[grant("race/k", 1)]).expect("w knows the record at token 1");
+    other.apply(&[grant("race/k", 7)]).expect("another writer moves it on");
+
+    let before = s.inner.conn.sent();
+    w.apply(&[grant("race/k", 8)])
+        .expect("computed again from the record as it is");
+    assert_eq!(
+        s.inner.conn.sent() - before,
+        3,
+        "the write from what w knew was refused, then the record read and written"
+    );
+    assert_eq!(tokens(&s, epoch), vec![("race/k".into(), 8, true)]);
+
+    other.apply(&[grant("race/k", 9)]).expect("moved on again");
+    assert_eq!(
+        w.apply(&[grant("race/k", 9)]).err(),
+        Some(StoreError::TokenRegression {
+            resource: "race/k".into(),
+            stored: 9,
+            attempted: 9
+        }),
+        "judged against the record as etcd holds it, not as w knew it"
+    );
+    s.resign(epoch).expect("resign");
+}
+
+#[test]
+fn a_writer_that_knows_its_records_is_refused_after_a_takeover() {
+    let Some((old, new)) = stores("known-takeover") else {
+        return;
+    };
+    let epoch = old.campaign("http://old", TTL).expect("campaign").expect("leads");
+    let mut w = old.writer(epoch).expect("writer");
+    w.apply(&[grant("deposed/a", 1)]).expect("grant while leading");
+
+    old.resign(epoch).expect("resign");
+    let taken = new.campaign("http://new", TTL).expect("campaign").expect("takes over");
+    let before = old.inner.conn.sent();
+    assert_eq!(
+        w.apply(&[release("deposed/a", 1), grant("deposed/a", 2)]).err(),
+        Some(StoreError::Deposed { epoch, current: taken }),
+        "the fence refuses a writer whose term is over, whatever it knew"
+    );
+    assert_eq!(old.inner.conn.sent() - before, 1, "refused by the write itself");
+    assert_eq!(
+        tokens(&new, taken),
+        vec![("deposed/a".into(), 1, true)],
+        "nothing written"
+    );
+    new.resign(taken).expect("resign");
+}
+
 #[test]
 fn a_batch_read_before_a_takeover_is_refused_by_the_transaction() {
     let Some((old, new)) = stores("fence-takeover") else {
@@ -71,7 +185,7 @@ fn a_batch_read_before_a_takeover_is_refused_by_the_transaction() {
     old.resign(epoch).expect("resign");
     let taken = new.campaign("http://new", TTL).expect("campaign").expect("takes over");
     assert_eq!(
-        w.commit(plan).err(),
+        w.commit(&plan).err(),
         Some(StoreError::Deposed { epoch, current: taken }),
         "the write transaction itself checks the epoch"
     );
@@ -88,7 +202,7 @@ fn a_batch_whose_records_changed_since_its_read_writes_nothing() {
     let r = ResourceId::new("race/a").expect("valid");
     let plan = w.plan(&[grant("race/a", 1)], &[&r]).expect("read");
     other.apply(&[grant("race/a", 7)]).expect("a write in between");
-    assert_eq!(w.commit(plan), Ok(false), "the record's revision changed: not written");
+    assert_eq!(w.commit(&plan), Ok(None), "the record's revision changed: not written");
     let got = other.load().expect("load");
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].last_token.get(), 7, "the write in between stands");
@@ -163,7 +277,7 @@ fn a_write_whose_answer_is_lost_is_of_unknown_outcome() {
     let plan = w.plan(&[grant("lost/a", 1)], &[&r]).expect("read");
 
     proxy.hold_replies();
-    let lost = w.commit(plan);
+    let lost = w.commit(&plan);
     assert!(
         matches!(lost, Err(StoreError::Indeterminate(_))),
         "a write whose answer was lost: {lost:?}"
