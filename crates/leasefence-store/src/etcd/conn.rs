@@ -7,7 +7,7 @@
 //! threads may block on it at once.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use etcd_client::{Client, ConnectOptions};
@@ -34,6 +34,10 @@ pub(super) struct Conn {
     config: EtcdConfig,
     /// Requests sent, retries included: what the tests count round trips by.
     sent: AtomicU64,
+    /// Whether the last call was answered. While it is not, the writer reads
+    /// a batch's records before it writes them, so that a batch meeting an
+    /// etcd known to be unreachable fails as unavailable without being sent.
+    answered: AtomicBool,
 }
 
 /// One client per member, dialled lazily, and the member calls go to. Calls
@@ -60,11 +64,17 @@ impl Conn {
             rt: Rt(Some(rt)),
             config,
             sent: AtomicU64::new(0),
+            answered: AtomicBool::new(false),
         })
     }
 
     pub(super) fn config(&self) -> &EtcdConfig {
         &self.config
+    }
+
+    /// Whether the last call, of any kind, was answered.
+    pub(super) fn answered(&self) -> bool {
+        self.answered.load(Ordering::Relaxed)
     }
 
     /// Requests sent so far.
@@ -152,19 +162,27 @@ impl Conn {
         let mut tries = self.config.endpoints().len();
         loop {
             tries -= 1;
-            let (i, client) = self.client()?;
+            let (i, client) = self
+                .client()
+                .inspect_err(|_| self.answered.store(false, Ordering::Relaxed))?;
             self.sent.fetch_add(1, Ordering::Relaxed);
             let call = f(client);
             let out = self.block_on(async move { tokio::time::timeout(timeout, call).await })?;
             let (err, not_taken) = match out {
-                Ok(Ok(v)) => return Ok(v),
+                Ok(Ok(v)) => {
+                    self.answered.store(true, Ordering::Relaxed);
+                    return Ok(v);
+                }
                 Ok(Err(e)) => (classify(what, &e), not_taken(&e)),
                 Err(_) => (
                     StoreError::Unavailable(format!("etcd did not answer {what} within {timeout:?}")),
                     false,
                 ),
             };
-            if !matches!(err, StoreError::Unavailable(_)) {
+            // An error etcd sent is an answer; a timeout or a lost member is not.
+            let unanswered = matches!(err, StoreError::Unavailable(_));
+            self.answered.store(!unanswered, Ordering::Relaxed);
+            if !unanswered {
                 return Err(err);
             }
             self.next_member(i);

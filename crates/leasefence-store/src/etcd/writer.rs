@@ -13,7 +13,10 @@
 //! compares make the knowledge safe to use: a record someone else changed
 //! has another revision, the write is refused whole, and the batch is read
 //! again and recomputed; a writer whose term ended is refused by the fence,
-//! whatever it knew.
+//! whatever it knew. After a call to etcd went unanswered, batches are read
+//! first again until one is answered: a batch that meets an etcd known to be
+//! unreachable then fails as unavailable (nothing sent), as it did before
+//! the writer kept anything, and not as a write of unknown outcome.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -107,7 +110,15 @@ impl EtcdWriter {
     /// every record of the batch, else from a read. `Ok(false)`: the records
     /// changed under us (what was known is forgotten).
     fn try_apply(&mut self, batch: &[Mutation], resources: &[&ResourceId]) -> Result<bool, StoreError> {
-        let known = self.known.all(resources);
+        // Knowledge spares the read only while etcd answers: after a call
+        // that went unanswered the batch is read first, so that an etcd
+        // still unreachable refuses it as unavailable before anything is
+        // sent, rather than leaving a write of unknown outcome.
+        let known = if self.inner.conn.answered() {
+            self.known.all(resources)
+        } else {
+            None
+        };
         // A refusal computed from what was known (a token regression, say) is
         // checked against a read before it is believed.
         let plan = match known.map(|(lease, read)| self.compute(batch, resources, lease, read)) {

@@ -297,3 +297,55 @@ fn a_write_whose_answer_is_lost_is_of_unknown_outcome() {
     );
     direct.resign(epoch).expect("resign");
 }
+
+/// Once a call to etcd went unanswered, a batch on records the writer knows
+/// is read first: while etcd stays silent it fails as unavailable with
+/// nothing sent. While etcd answers, such a batch is sent without a read, so
+/// the one that first meets a silent etcd is of unknown outcome.
+#[test]
+fn after_an_unanswered_call_a_batch_is_read_first_and_fails_as_unavailable() {
+    let Some(url) = url() else { return };
+    let member = url
+        .trim_start_matches("etcd://")
+        .split(',')
+        .next()
+        .and_then(|m| std::net::ToSocketAddrs::to_socket_addrs(m).ok())
+        .and_then(|mut a| a.next())
+        .expect("the test URL names a member");
+    let proxy = crate::test_proxy::Proxy::start(member);
+    let config = EtcdConfig::from_url(&format!("etcd://{}", proxy.addr()))
+        .and_then(|c| c.with_prefix(&unique_prefix("silent")))
+        .and_then(|c| c.with_timeouts(Duration::from_secs(2), Duration::from_millis(800)))
+        .expect("valid config");
+    let s = EtcdShared::connect(config).expect("connect");
+    let epoch = s.campaign("http://s", TTL).expect("campaign").expect("leads");
+    let mut w = s.writer(epoch).expect("writer");
+    w.apply(&[grant("silent/a", 1)]).expect("grant");
+
+    proxy.hold_replies();
+    let leader = s.leader();
+    assert!(matches!(leader, Err(StoreError::Unavailable(_))), "{leader:?}");
+    let before = s.inner.conn.sent();
+    let batch = w.apply(&[release("silent/a", 1)]);
+    assert!(
+        matches!(batch, Err(StoreError::Unavailable(_))),
+        "read first, and the read unanswered: {batch:?}"
+    );
+    assert_eq!(s.inner.conn.sent() - before, 1, "only the read was sent");
+
+    proxy.restore();
+    w.apply(&[release("silent/a", 1)]).expect("etcd answers again");
+    proxy.hold_replies();
+    let blind = w.apply(&[grant("silent/a", 2)]);
+    assert!(
+        matches!(blind, Err(StoreError::Indeterminate(_))),
+        "sent without a read while etcd answered, its answer lost: {blind:?}"
+    );
+    proxy.restore();
+    assert_eq!(
+        tokens(&s, epoch),
+        vec![("silent/a".into(), 2, true)],
+        "the proxy let the write through; only its answer was lost"
+    );
+    s.resign(epoch).expect("resign");
+}
