@@ -49,6 +49,25 @@ fn stores(test: &str) -> Option<(EtcdShared, EtcdShared)> {
     Some((open(), open()))
 }
 
+/// A store under `prefix` that reaches the test member through a proxy
+/// that can hold etcd's answers, with short timeouts.
+fn behind_proxy(url: &str, prefix: &str) -> (crate::test_proxy::Proxy, EtcdShared) {
+    let member = url
+        .trim_start_matches("etcd://")
+        .split(',')
+        .next()
+        .and_then(|m| std::net::ToSocketAddrs::to_socket_addrs(m).ok())
+        .and_then(|mut a| a.next())
+        .expect("the test URL names a member");
+    let proxy = crate::test_proxy::Proxy::start(member);
+    let config = EtcdConfig::from_url(&format!("etcd://{}", proxy.addr()))
+        .and_then(|c| c.with_prefix(prefix))
+        .and_then(|c| c.with_timeouts(Duration::from_secs(2), Duration::from_millis(800)))
+        .expect("valid config");
+    let s = EtcdShared::connect(config).expect("connect");
+    (proxy, s)
+}
+
 fn grant(resource: &str, token: u64) -> Mutation {
     Mutation::Grant {
         resource: ResourceId::new(resource).expect("valid"),
@@ -257,20 +276,8 @@ fn every_record_carries_the_epoch_of_the_leader_that_wrote_it() {
 #[test]
 fn a_write_whose_answer_is_lost_is_of_unknown_outcome() {
     let Some(url) = url() else { return };
-    let member = url
-        .trim_start_matches("etcd://")
-        .split(',')
-        .next()
-        .and_then(|m| std::net::ToSocketAddrs::to_socket_addrs(m).ok())
-        .and_then(|mut a| a.next())
-        .expect("the test URL names a member");
-    let proxy = crate::test_proxy::Proxy::start(member);
     let prefix = unique_prefix("lost-answer");
-    let config = EtcdConfig::from_url(&format!("etcd://{}", proxy.addr()))
-        .and_then(|c| c.with_prefix(&prefix))
-        .and_then(|c| c.with_timeouts(Duration::from_secs(2), Duration::from_millis(800)))
-        .expect("valid config");
-    let s = EtcdShared::connect(config).expect("connect");
+    let (proxy, s) = behind_proxy(&url, &prefix);
     let epoch = s.campaign("http://s", TTL).expect("campaign").expect("leads");
     let w = s.writer(epoch).expect("writer");
     let r = ResourceId::new("lost/a").expect("valid");
@@ -305,19 +312,7 @@ fn a_write_whose_answer_is_lost_is_of_unknown_outcome() {
 #[test]
 fn after_an_unanswered_call_a_batch_is_read_first_and_fails_as_unavailable() {
     let Some(url) = url() else { return };
-    let member = url
-        .trim_start_matches("etcd://")
-        .split(',')
-        .next()
-        .and_then(|m| std::net::ToSocketAddrs::to_socket_addrs(m).ok())
-        .and_then(|mut a| a.next())
-        .expect("the test URL names a member");
-    let proxy = crate::test_proxy::Proxy::start(member);
-    let config = EtcdConfig::from_url(&format!("etcd://{}", proxy.addr()))
-        .and_then(|c| c.with_prefix(&unique_prefix("silent")))
-        .and_then(|c| c.with_timeouts(Duration::from_secs(2), Duration::from_millis(800)))
-        .expect("valid config");
-    let s = EtcdShared::connect(config).expect("connect");
+    let (proxy, s) = behind_proxy(&url, &unique_prefix("silent"));
     let epoch = s.campaign("http://s", TTL).expect("campaign").expect("leads");
     let mut w = s.writer(epoch).expect("writer");
     w.apply(&[grant("silent/a", 1)]).expect("grant");
