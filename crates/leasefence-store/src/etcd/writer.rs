@@ -120,13 +120,15 @@ impl EtcdWriter {
             None
         };
         // A refusal computed from what was known (a token regression, say) is
-        // checked against a read before it is believed.
+        // checked against a read before it is believed. A batch with a record
+        // not known is read whole; what is known stays.
         let plan = match known.map(|(lease, read)| self.compute(batch, resources, lease, read)) {
             Some(Ok(plan)) => plan,
-            Some(Err(_)) | None => {
+            Some(Err(_)) => {
                 self.known.forget();
                 self.plan(batch, resources)?
             }
+            None => self.plan(batch, resources)?,
         };
         let written = self.commit(&plan);
         match written {

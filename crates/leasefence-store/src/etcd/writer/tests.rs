@@ -125,9 +125,17 @@ fn a_batch_on_records_the_writer_wrote_last_is_one_round_trip() {
     w.apply(&[release("known/a", 2), release("known/b", 1)])
         .expect("release both");
     assert_eq!(sent() - before, 1, "both records known: one write");
+    let before = sent();
+    w.apply(&[grant("known/c", 1)]).expect("a batch of a new record alone");
+    w.apply(&[grant("known/a", 3)]).expect("grant a again");
+    assert_eq!(sent() - before, 2 + 1, "reading a new record forgets none known");
     assert_eq!(
         tokens(&s, epoch),
-        vec![("known/a".into(), 2, false), ("known/b".into(), 1, false)],
+        vec![
+            ("known/a".into(), 3, true),
+            ("known/b".into(), 1, false),
+            ("known/c".into(), 1, true)
+        ],
         "etcd holds every write"
     );
     s.resign(epoch).expect("resign");
