@@ -43,6 +43,12 @@ fn grant_with_delay(r: &str, t: u64, id: u8, lock_delay: Duration) -> Mutation {
     }
 }
 
+/// A release of token `t` on resource `r` by its holder (for the suites and
+/// the backends' own tests).
+pub fn released(r: &str, t: u64) -> Mutation {
+    release(r, t, ReleaseCause::Released)
+}
+
 fn release(r: &str, t: u64, cause: ReleaseCause) -> Mutation {
     release_with_delay(r, t, cause, Duration::ZERO)
 }

@@ -23,6 +23,8 @@ pub mod conformance;
 mod embedded;
 #[cfg(feature = "etcd")]
 mod etcd;
+#[cfg(any(feature = "etcd", feature = "postgres"))]
+mod known;
 mod memory;
 mod memory_shared;
 #[cfg(feature = "postgres")]

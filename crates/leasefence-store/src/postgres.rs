@@ -19,7 +19,9 @@
 //!   `text`: use a UTF-8 database, or names outside its encoding fail.
 //!
 //! Each batch of the [`PostgresWriter`] is one transaction that locks the
-//! shard row, checks the epoch and upserts the records, in two round trips.
+//! shard row, checks the epoch and upserts the records: in one round trip
+//! when the writer knows the batch's records (it last read or wrote them),
+//! else in two.
 //!
 //! The methods block: each handle drives tokio-postgres on a small
 //! current-thread runtime of its own, so they may be called from any thread
@@ -262,8 +264,11 @@ impl SharedStore for PostgresShared {
             conn: self.config.conn()?,
             shard: self.config.shard,
             epoch,
+            known: Default::default(),
             #[cfg(test)]
             pause: None,
+            #[cfg(test)]
+            sent: (0, 0),
         })
     }
 }

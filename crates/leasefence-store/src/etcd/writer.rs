@@ -7,7 +7,7 @@
 //! [`crate::next_record`]). What it computes from comes from a read
 //! transaction (the epoch key, the leader key and the batch's records, at one
 //! revision) unless this writer already knows every record of the batch: each
-//! record it read or wrote is kept with its mod revision ([`Known`]), so a
+//! record it read or wrote is kept with its mod revision ([`crate::known`]), so a
 //! batch on records it last touched itself (a release after its grant, the
 //! next grant of a resource) takes one round trip instead of two. The
 //! compares make the knowledge safe to use: a record someone else changed
@@ -26,7 +26,7 @@ use leasefence_core::{Mutation, ResourceId, StoredResource};
 
 use super::{Inner, gets, keys, term_from};
 use crate::shared::Epoch;
-use crate::{LeaseStore, StoreError, next_record};
+use crate::{LeaseStore, StoreError, known, next_record};
 
 /// Keys per page when `load` reads the records.
 const LOAD_PAGE: i64 = 500;
@@ -34,12 +34,6 @@ const LOAD_PAGE: i64 = 500;
 /// How often a batch is recomputed when its records changed between its read
 /// and its write (only another writer of the same epoch can do that).
 const ATTEMPTS: usize = 3;
-
-/// Most records a writer keeps with their revisions. Past it the knowledge
-/// is dropped whole and rebuilt by the batches that follow: it only saves
-/// reads, so forgetting costs a round trip, never a wrong write. About
-/// 200 bytes each.
-const KNOWN_MAX: usize = 65_536;
 
 /// The epoch-fenced [`LeaseStore`] of an [`super::EtcdShared`]'s leader.
 pub struct EtcdWriter {
@@ -67,33 +61,24 @@ struct Read {
 #[derive(Default)]
 struct Known {
     lease: Option<i64>,
-    records: HashMap<String, Read>,
+    records: known::Known<Read>,
 }
 
 impl Known {
     fn forget(&mut self) {
         self.lease = None;
-        self.records.clear();
+        self.records.forget();
     }
 
     /// The lease and every record of `resources`, if all are known.
     fn all<'a>(&self, resources: &[&'a ResourceId]) -> Option<(i64, HashMap<&'a str, Read>)> {
         let lease = self.lease?;
-        let mut read = HashMap::with_capacity(resources.len());
-        for r in resources {
-            read.insert(r.as_str(), self.records.get(r.as_str())?.clone());
-        }
-        Some((lease, read))
+        Some((lease, self.records.all(resources.iter().map(|r| r.as_str()))?))
     }
 
     fn learn(&mut self, lease: i64, records: impl IntoIterator<Item = (String, Read)>) {
         self.lease = Some(lease);
-        for (r, read) in records {
-            if self.records.len() >= KNOWN_MAX && !self.records.contains_key(&r) {
-                self.records.clear();
-            }
-            self.records.insert(r, read);
-        }
+        self.records.learn(records);
     }
 }
 

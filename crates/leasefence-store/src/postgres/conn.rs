@@ -45,6 +45,7 @@ pub(crate) struct Statements {
     pub lock_shard: Statement,
     pub read: Statement,
     pub upsert: Statement,
+    pub write_known: Statement,
     pub load: Statement,
 }
 
@@ -139,6 +140,31 @@ impl Conn {
     }
 }
 
+impl Conn {
+    /// Whether there is a connection that was not found closed since its
+    /// last call (by the server, the network, a proxy), as far as this
+    /// process can tell without a round trip: the connection's task is first
+    /// let run, so that a close that already arrived is seen. A closed
+    /// connection is dropped; a call after a failure always starts without
+    /// one.
+    pub(crate) fn alive(&mut self) -> bool {
+        let (Some(rt), Some(live)) = (self.rt.as_ref(), self.live.as_ref()) else {
+            return false;
+        };
+        // Twice: the first turn hands the socket's events to the connection's
+        // task, the second lets it run.
+        rt.block_on(async {
+            tokio::task::yield_now().await;
+            tokio::task::yield_now().await;
+        });
+        if live.client.is_closed() {
+            self.live = None;
+            return false;
+        }
+        true
+    }
+}
+
 impl Drop for Conn {
     fn drop(&mut self) {
         self.live = None;
@@ -219,7 +245,7 @@ async fn prepare(client: &Client, schema: &Schema) -> Result<Statements, tokio_p
     use Type as T;
     let sql = schema.statements();
     // Sent together: one round trip for all of them.
-    let (campaign, renew, resign, leader, current_epoch, lock_shard, read, upsert, load) = tokio::try_join!(
+    let (campaign, renew, resign, leader, current_epoch, lock_shard, read, upsert, write_known, load) = tokio::try_join!(
         client.prepare_typed(&sql.campaign, &[T::INT8, T::TEXT, T::INT8]),
         client.prepare_typed(&sql.renew, &[T::INT8, T::INT8, T::INT8]),
         client.prepare_typed(&sql.resign, &[T::INT8, T::INT8]),
@@ -228,6 +254,17 @@ async fn prepare(client: &Client, schema: &Schema) -> Result<Statements, tokio_p
         client.prepare_typed(&sql.lock_shard, &[T::INT8]),
         client.prepare_typed(&sql.read, &[T::INT8, T::TEXT_ARRAY]),
         client.prepare_typed(&sql.upsert, &[T::INT8, T::INT8, T::TEXT_ARRAY, T::BYTEA_ARRAY]),
+        client.prepare_typed(
+            &sql.write_known,
+            &[
+                T::INT8,
+                T::INT8,
+                T::TEXT_ARRAY,
+                T::BYTEA_ARRAY,
+                T::TEXT_ARRAY,
+                T::BYTEA_ARRAY
+            ]
+        ),
         client.prepare_typed(&sql.load, &[T::INT8]),
     )?;
     Ok(Statements {
@@ -239,13 +276,14 @@ async fn prepare(client: &Client, schema: &Schema) -> Result<Statements, tokio_p
         lock_shard,
         read,
         upsert,
+        write_known,
         load,
     })
 }
 
 /// The connection itself is gone (closed, reset, refused, or ended by the
 /// server: an administrator, a shutdown), as opposed to a statement that failed.
-fn connection_lost(e: &tokio_postgres::Error) -> bool {
+pub(crate) fn connection_lost(e: &tokio_postgres::Error) -> bool {
     match e.as_db_error() {
         Some(db) => {
             let code = db.code().code();

@@ -97,6 +97,29 @@ impl Schema {
                  ON CONFLICT (shard, resource) DO UPDATE \
                  SET epoch = excluded.epoch, record = excluded.record, updated_at = now()"
             ),
+            // A batch computed from the records the writer knows, sent with
+            // BEGIN, lock_shard and COMMIT in one round trip: it writes only
+            // if the epoch is `$2` and every record of the batch (`$5`) still
+            // holds the bytes it was computed from (`$6`, NULL: absent), and
+            // then writes every changed record (`$3`, `$4`); else nothing.
+            // Separate from lock_shard so that its snapshot is taken after the
+            // lock is held: every batch committed before it is seen.
+            write_known: format!(
+                "WITH fence AS MATERIALIZED ( \
+                   SELECT EXISTS (SELECT 1 FROM {shards} WHERE shard = $1 AND epoch = $2) \
+                   AND NOT EXISTS ( \
+                     SELECT 1 FROM unnest($5::text[], $6::bytea[]) AS c(resource, expected) \
+                     LEFT JOIN {records} k ON k.shard = $1 AND k.resource = c.resource \
+                     WHERE k.record IS DISTINCT FROM c.expected) AS ok), \
+                 written AS ( \
+                   INSERT INTO {records} AS r (shard, resource, epoch, record) \
+                   SELECT $1, t.resource, $2, t.record \
+                   FROM unnest($3::text[], $4::bytea[]) AS t(resource, record), fence WHERE fence.ok \
+                   ON CONFLICT (shard, resource) DO UPDATE \
+                   SET epoch = excluded.epoch, record = excluded.record, updated_at = now() \
+                   RETURNING 1) \
+                 SELECT fence.ok, (SELECT count(*) FROM written) FROM fence"
+            ),
             load: format!("SELECT resource, record FROM {records} WHERE shard = $1"),
         }
     }
@@ -112,6 +135,7 @@ pub(crate) struct Sql {
     pub lock_shard: String,
     pub read: String,
     pub upsert: String,
+    pub write_known: String,
     pub load: String,
 }
 
@@ -140,6 +164,7 @@ mod tests {
             &sql.lock_shard,
             &sql.read,
             &sql.upsert,
+            &sql.write_known,
             &sql.load,
         ] {
             assert!(text.contains("\"App_2\".leasefence_"), "{text}");

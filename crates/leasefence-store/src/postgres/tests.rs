@@ -1,8 +1,10 @@
 //! A leader paused in the middle of a batch, between its epoch check and its
-//! commit, against the real PostgreSQL of `LEASEFENCE_TEST_POSTGRES_URL`
-//! (skipped when unset, failing under `CI=true`). Here, not in `tests/`,
-//! because only the crate can pause a writer there. And a commit whose
-//! answer is lost, which the store must report as of unknown outcome.
+//! commit, or before a batch it computed from what it knew, against the real
+//! PostgreSQL of `LEASEFENCE_TEST_POSTGRES_URL` (skipped when unset, failing
+//! under `CI=true`). Here, not in `tests/`, because only the crate can pause
+//! a writer there and count how its batches were sent. And a commit whose
+//! answer is lost, which the store must report as of unknown outcome, and
+//! the batches written from what the writer knows.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
@@ -10,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::conn::BATCH_IDLE_MAX;
 use super::{PostgresConfig, PostgresShared, PostgresWriter};
-use crate::conformance::grant;
+use crate::conformance::{grant, released as release};
 use crate::shared::{Epoch, SharedStore};
 use crate::{LeaseStore, StoreError};
 
@@ -75,6 +77,13 @@ impl Drop for TestSchema {
     }
 }
 
+/// The first byte of the lease id holding `r` (the suite's `grant` repeats it).
+fn holder(w: &mut PostgresWriter, r: &str) -> Option<u8> {
+    let all = w.load().expect("load");
+    let lease = all.into_iter().find(|x| x.resource.as_str() == r)?.lease?;
+    lease.lease_id.as_bytes().first().copied()
+}
+
 fn held(w: &mut PostgresWriter, r: &str) -> Option<u64> {
     let all = w.load().expect("load");
     all.into_iter()
@@ -97,18 +106,41 @@ fn take_over(b: &PostgresShared) -> (Epoch, Instant) {
     }
 }
 
+/// Two coordinators of one schema; the first leads (with a short TTL, so
+/// that the second can take over) and has a writer.
+fn leader_and_standby(
+    schema: &TestSchema,
+    call_timeout: Duration,
+) -> (PostgresShared, PostgresShared, Epoch, PostgresWriter) {
+    let (a, b) = (schema.open(call_timeout), schema.open(call_timeout));
+    let old = a
+        .campaign("http://a.example:7070", TTL)
+        .expect("campaign")
+        .expect("wins");
+    let w = a.writer(old).expect("writer");
+    (a, b, old, w)
+}
+
+/// Pauses `w`'s next batch until woken (at most 12 s): when it paused, and
+/// the waker.
+fn pause_until_woken(w: &mut PostgresWriter) -> (mpsc::Receiver<Instant>, mpsc::Sender<()>) {
+    let (paused_tx, paused) = mpsc::channel();
+    let (wake_tx, wake) = mpsc::channel::<()>();
+    let wake = std::sync::Mutex::new(wake);
+    w.pause = Some(Arc::new(move || {
+        let _ = paused_tx.send(Instant::now());
+        let _ = wake.lock().map(|w| w.recv_timeout(Duration::from_secs(12)));
+    }));
+    (paused, wake_tx)
+}
+
 /// The old leader holds the shard row's lock from its epoch check to its
 /// commit, so a campaign waits for the batch, and the new leader's load has it.
 #[test]
 fn a_campaign_waits_for_a_batch_in_flight_and_its_load_sees_it() {
     let Some(url) = url() else { return };
     let schema = TestSchema::new(&url, "inflight");
-    let (a, b) = (schema.open(Duration::from_secs(5)), schema.open(Duration::from_secs(5)));
-    let old = a
-        .campaign("http://a.example:7070", TTL)
-        .expect("campaign")
-        .expect("wins");
-    let mut w = a.writer(old).expect("writer");
+    let (_a, b, _, mut w) = leader_and_standby(&schema, Duration::from_secs(5));
     let (locked_tx, locked) = mpsc::channel();
     let released = Arc::new(AtomicBool::new(false));
     let flag = Arc::clone(&released);
@@ -147,20 +179,11 @@ fn a_leader_paused_mid_batch_writes_nothing_and_does_not_hold_up_the_takeover() 
     let schema = TestSchema::new(&url, "paused");
     // A call timeout far above the idle bound: the takeover must not wait for it.
     let call_timeout = Duration::from_secs(15);
-    let (a, b) = (schema.open(call_timeout), schema.open(call_timeout));
-    let old = a
-        .campaign("http://a.example:7070", TTL)
-        .expect("campaign")
-        .expect("wins");
-    let mut w = a.writer(old).expect("writer");
-    w.apply(&[grant("p/paused", 1, 1)]).expect("the leader writes");
-    let (locked_tx, locked) = mpsc::channel();
-    let (wake_tx, wake) = mpsc::channel::<()>();
-    let wake = std::sync::Mutex::new(wake);
-    w.pause = Some(Arc::new(move || {
-        let _ = locked_tx.send(Instant::now());
-        let _ = wake.lock().map(|w| w.recv_timeout(Duration::from_secs(12)));
-    }));
+    let (_a, b, old, mut w) = leader_and_standby(&schema, call_timeout);
+    // Another resource: the paused batch's record is not known, so the batch
+    // reads it first and holds the lock over the pause.
+    w.apply(&[grant("p/before", 1, 1)]).expect("the leader writes");
+    let (locked, wake_tx) = pause_until_woken(&mut w);
     std::thread::scope(|scope| {
         let writing = scope.spawn(|| w.apply(&[grant("p/paused", 2, 1)]));
         let paused_at = locked.recv().expect("the batch reached its pause");
@@ -182,6 +205,7 @@ fn a_leader_paused_mid_batch_writes_nothing_and_does_not_hold_up_the_takeover() 
         );
         assert_eq!(held(&mut nw, "p/paused"), Some(5), "nothing of the paused batch landed");
     });
+    assert_eq!(w.sent, (2, 0), "both batches read first");
     let next = w.apply(&[grant("p/paused", 6, 1)]);
     assert_eq!(
         next,
@@ -194,33 +218,138 @@ fn a_leader_paused_mid_batch_writes_nothing_and_does_not_hold_up_the_takeover() 
 
 /// A batch whose COMMIT reached PostgreSQL and took effect, but whose answer
 /// never came back, is not "unavailable" (which says nothing was written):
-/// the store reports its outcome as unknown.
+/// the store reports its outcome as unknown, whether the batch read its
+/// record first or was written from what the writer knew.
 #[test]
 fn a_commit_whose_answer_is_lost_is_of_unknown_outcome() {
     let Some(url) = url() else { return };
-    let proxy = Arc::new(crate::test_proxy::Proxy::start(crate::test_pg_route::upstream(&url)));
-    let through = crate::test_pg_route::through(&url, proxy.addr());
-    let schema = TestSchema::new(&url, "lost");
-    let a = schema.open_at(&through, Duration::from_millis(800));
+    for known in [false, true] {
+        let proxy = Arc::new(crate::test_proxy::Proxy::start(crate::test_pg_route::upstream(&url)));
+        let through = crate::test_pg_route::through(&url, proxy.addr());
+        let schema = TestSchema::new(&url, "lost");
+        let a = schema.open_at(&through, Duration::from_millis(800));
+        let epoch = a
+            .campaign("http://a.example:7070", Duration::from_secs(60))
+            .expect("campaign")
+            .expect("wins");
+        let mut w = a.writer(epoch).expect("writer");
+        let first = if known { "p/lost" } else { "p/other" };
+        w.apply(&[grant(first, 1, 1)]).expect("writes through the proxy");
+        let held_back = Arc::clone(&proxy);
+        // Read first: past the epoch check, so the upsert and the COMMIT still
+        // reach the server. From what is known: before the batch is sent.
+        w.pause = Some(Arc::new(move || held_back.hold_replies()));
+        let lost = w.apply(&[grant("p/lost", 2, 1)]);
+        assert!(
+            matches!(lost, Err(StoreError::Indeterminate(_))),
+            "a commit whose answer was lost (known: {known}): {lost:?}"
+        );
+        assert_eq!(w.sent, if known { (1, 1) } else { (2, 0) }, "known: {known}");
+        proxy.restore();
+        let mut direct = schema.open(Duration::from_secs(5)).writer(epoch).expect("writer");
+        assert_eq!(
+            held(&mut direct, "p/lost"),
+            Some(2),
+            "the batch committed although its answer was lost (known: {known})"
+        );
+    }
+}
+
+/// A batch on records this writer read or wrote last is computed from what
+/// it knows and sent in one round trip, without reading them first.
+#[test]
+fn a_batch_on_records_the_writer_wrote_last_is_not_read_first() {
+    let Some(url) = url() else { return };
+    let schema = TestSchema::new(&url, "known");
+    let a = schema.open(Duration::from_secs(5));
     let epoch = a
-        .campaign("http://a.example:7070", Duration::from_secs(60))
+        .campaign("http://a.example:7070", TTL * 100)
         .expect("campaign")
         .expect("wins");
     let mut w = a.writer(epoch).expect("writer");
-    w.apply(&[grant("p/lost", 1, 1)]).expect("writes through the proxy");
-    let held_back = Arc::clone(&proxy);
-    // Past the epoch check: the upsert and the COMMIT still reach the server.
-    w.pause = Some(Arc::new(move || held_back.hold_replies()));
-    let lost = w.apply(&[grant("p/lost", 2, 1)]);
-    assert!(
-        matches!(lost, Err(StoreError::Indeterminate(_))),
-        "a commit whose answer was lost: {lost:?}"
-    );
-    proxy.restore();
-    let mut direct = schema.open(Duration::from_secs(5)).writer(epoch).expect("writer");
+    w.apply(&[grant("k/1", 1, 1), grant("k/2", 1, 2)])
+        .expect("first grants");
+    assert_eq!(w.sent, (1, 0), "records not known yet are read first");
+    w.apply(&[release("k/1", 1), release("k/2", 1)]).expect("releases");
+    w.apply(&[grant("k/1", 2, 3)]).expect("the next grant");
+    // A stale release changes nothing, but is checked all the same.
+    w.apply(&[release("k/2", 1)]).expect("a stale release");
     assert_eq!(
-        held(&mut direct, "p/lost"),
-        Some(2),
-        "the batch committed although its answer was lost"
+        w.sent,
+        (1, 3),
+        "the batches after the first were written from what was known"
     );
+    let mut fresh = a.writer(epoch).expect("writer");
+    assert_eq!(held(&mut fresh, "k/1"), Some(2));
+    assert_eq!(holder(&mut fresh, "k/1"), Some(3), "k/1 is held by its second grant");
+    assert_eq!(holder(&mut fresh, "k/2"), None, "k/2 was released");
+}
+
+/// Another writer of the same epoch changed a record this writer knows: the
+/// write from what it knew is refused whole, and the batch is read again and
+/// recomputed, here into the token regression it really is.
+#[test]
+fn a_record_changed_by_another_writer_is_read_again_before_it_is_written() {
+    let Some(url) = url() else { return };
+    let schema = TestSchema::new(&url, "changed");
+    let a = schema.open(Duration::from_secs(5));
+    let epoch = a
+        .campaign("http://a.example:7070", TTL * 100)
+        .expect("campaign")
+        .expect("wins");
+    let (mut w, mut other) = (a.writer(epoch).expect("writer"), a.writer(epoch).expect("writer"));
+    w.apply(&[grant("c/1", 1, 1), grant("c/2", 1, 1)]).expect("w grants");
+    other
+        .apply(&[grant("c/1", 5, 2)])
+        .expect("the other writer grants c/1 later");
+    // From what w knows (token 1), token 3 would be next; c/1 is at 5.
+    let stale = w.apply(&[grant("c/1", 3, 3), grant("c/2", 2, 3)]);
+    assert_eq!(
+        stale,
+        Err(StoreError::TokenRegression {
+            resource: "c/1".into(),
+            stored: 5,
+            attempted: 3
+        })
+    );
+    assert_eq!(w.sent, (2, 1), "sent from what was known, refused, then read");
+    let mut fresh = a.writer(epoch).expect("writer");
+    assert_eq!(held(&mut fresh, "c/1"), Some(5), "the stale grant did not land");
+    assert_eq!(held(&mut fresh, "c/2"), Some(1), "nor any record of its batch");
+    // What w read replaced what it knew: its next batch is right.
+    w.apply(&[grant("c/1", 6, 4)]).expect("a grant above the stored token");
+    assert_eq!(held(&mut fresh, "c/1"), Some(6));
+}
+
+/// A leader paused with a batch computed from what it knows, deposed while
+/// it sleeps: when it wakes and sends the batch, the fence refuses it and
+/// nothing of it lands. Nor did the pause hold up the takeover: nothing is
+/// locked before the batch is sent.
+#[test]
+fn a_leader_paused_before_a_batch_it_knows_is_refused_and_writes_nothing() {
+    let Some(url) = url() else { return };
+    let schema = TestSchema::new(&url, "knownpause");
+    let (_a, b, old, mut w) = leader_and_standby(&schema, Duration::from_secs(5));
+    w.apply(&[grant("p/known", 1, 1)]).expect("the leader writes");
+    let (paused, wake_tx) = pause_until_woken(&mut w);
+    std::thread::scope(|scope| {
+        let writing = scope.spawn(|| w.apply(&[grant("p/known", 2, 1)]));
+        paused.recv().expect("the batch reached its pause");
+        let (new, _) = take_over(&b);
+        let mut nw = b.writer(new).expect("writer");
+        // Not p/known: its record stays as the old leader knows it, so only
+        // the epoch can refuse the batch.
+        nw.apply(&[grant("p/other", 1, 2)]).expect("the new leader writes");
+        let _ = wake_tx.send(());
+        let woke = writing.join().expect("writer");
+        assert_eq!(
+            woke,
+            Err(StoreError::Deposed {
+                epoch: old,
+                current: new
+            })
+        );
+        assert_eq!(held(&mut nw, "p/known"), Some(1), "nothing of the paused batch landed");
+    });
+    assert_eq!(w.sent, (1, 1), "the paused batch was sent from what was known");
 }
