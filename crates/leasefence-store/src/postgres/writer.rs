@@ -117,7 +117,7 @@ fn stage<'b>(batch: &'b [Mutation], mut before: HashMap<&'b str, Seen>) -> Resul
 }
 
 /// How a batch sent from what was known ended.
-enum Known1 {
+enum FromKnown {
     Written,
     /// A record was not as known: nothing was written.
     Changed,
@@ -149,11 +149,11 @@ impl LeaseStore for PostgresWriter {
             && self.conn.alive()
         {
             match self.write_known(&staged) {
-                Ok(Known1::Written) => {
+                Ok(FromKnown::Written) => {
                     self.known.learn(staged.after());
                     return Ok(());
                 }
-                Ok(Known1::Changed) => self.known.forget(),
+                Ok(FromKnown::Changed) => self.known.forget(),
                 Err(e) => {
                     self.known.forget();
                     return Err(e);
@@ -176,7 +176,7 @@ impl LeaseStore for PostgresWriter {
 impl PostgresWriter {
     /// One round trip: the batch computed from what was known, written only
     /// if the epoch and every record are as known.
-    fn write_known(&mut self, staged: &Staged<'_>) -> Result<Known1, StoreError> {
+    fn write_known(&mut self, staged: &Staged<'_>) -> Result<FromKnown, StoreError> {
         let (shard, epoch) = (i64::from(self.shard), self.epoch);
         let epoch_sql = epoch_to_sql(epoch)?;
         let (resources, records) = staged.changed();
@@ -228,7 +228,7 @@ impl PostgresWriter {
             }
             // Committed: a failure to read the answer leaves what it wrote unknown.
             let ok: bool = write.try_get(0).map_err(Fail::Committing)?;
-            Ok(if ok { Known1::Written } else { Known1::Changed })
+            Ok(if ok { FromKnown::Written } else { FromKnown::Changed })
         })
     }
 
