@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::BIN;
+use common::scratch::Scratch;
 use sha2::Digest;
 
 fn hash(token: &str) -> String {
@@ -310,21 +311,19 @@ fn with_auth_a_non_loopback_listen_needs_no_insecure() {
 }
 
 /// The stores to restart on: embedded always, PostgreSQL and etcd when their
-/// test services are configured (required under CI).
-fn stores() -> Vec<(&'static str, Vec<String>)> {
+/// test services are configured (required under CI), each with a place of
+/// this test's own in it.
+fn stores() -> Vec<(&'static str, Option<Scratch>)> {
     let ci = std::env::var("CI").as_deref() == Ok("true");
-    let n = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    let mut out = vec![("embedded", vec![])];
+    let mut out = vec![("embedded", None)];
     match std::env::var("LEASEFENCE_TEST_POSTGRES_URL") {
-        Ok(url) => out.push(("postgres", vec![url, format!("lftest_auth_{n:x}")])),
+        Ok(url) => out.push(("postgres", Some(Scratch::new(&url, "auth")))),
         Err(_) if ci => panic!("LEASEFENCE_TEST_POSTGRES_URL is required under CI"),
         Err(_) => eprintln!("skipped PostgreSQL: LEASEFENCE_TEST_POSTGRES_URL is not set"),
     }
     if cfg!(feature = "etcd") {
         match std::env::var("LEASEFENCE_TEST_ETCD_URL") {
-            Ok(url) => out.push(("etcd", vec![url, format!("/lftest-auth-{n:x}/")])),
+            Ok(url) => out.push(("etcd", Some(Scratch::new(&url, "auth")))),
             Err(_) if ci => panic!("LEASEFENCE_TEST_ETCD_URL is required under CI"),
             Err(_) => eprintln!("skipped etcd: LEASEFENCE_TEST_ETCD_URL is not set"),
         }
@@ -356,12 +355,12 @@ fn ownership_survives_a_restart_on_every_store() {
         let listen = format!("127.0.0.1:{port}");
         let advertise = format!("http://{listen}");
         let mut extra: Vec<&str> = vec![];
-        if let [url, prefix] = store.as_slice() {
+        if let Some(scratch) = &store {
             extra = vec![
                 "--store",
-                url,
+                scratch.store(),
                 "--store-prefix",
-                prefix,
+                scratch.prefix(),
                 "--leader-ttl",
                 "1s",
                 "--advertise",

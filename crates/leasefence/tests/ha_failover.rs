@@ -11,6 +11,7 @@ mod common;
 use std::time::Duration;
 
 use common::ha::{Cluster, Load, check};
+use common::scratch::Scratch;
 
 const LEADER_TTL: Duration = Duration::from_millis(1000);
 const CYCLES: usize = 20;
@@ -34,21 +35,11 @@ fn stores() -> Vec<(&'static str, String)> {
     out
 }
 
-/// A prefix no other run uses (a PostgreSQL schema name or an etcd key prefix).
-fn prefix(backend: &str, test: &str) -> String {
-    let n: u64 = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    match backend {
-        "etcd" => format!("/lftest-{test}-{n:x}/"),
-        _ => format!("lftest_{test}_{n:x}"),
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killing_the_active_coordinator_loses_no_grant_and_reuses_no_token() {
     for (backend, url) in stores() {
-        let mut cluster = Cluster::start(&url, &prefix(backend, "kill"), 3, LEADER_TTL);
+        let scratch = Scratch::new(&url, "kill");
+        let mut cluster = Cluster::start(scratch.store(), scratch.prefix(), 3, LEADER_TTL);
         let (mut active, _) = cluster.await_active(None, Duration::from_secs(10)).await;
         let load = Load::start(cluster.urls(), 6, 32);
         let mut slowest = Duration::ZERO;
@@ -84,7 +75,8 @@ async fn killing_the_active_coordinator_loses_no_grant_and_reuses_no_token() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_paused_leader_cannot_grant_after_a_takeover() {
     for (backend, url) in stores() {
-        let cluster = Cluster::start(&url, &prefix(backend, "pause"), 2, LEADER_TTL);
+        let scratch = Scratch::new(&url, "pause");
+        let cluster = Cluster::start(scratch.store(), scratch.prefix(), 2, LEADER_TTL);
         let (mut active, _) = cluster.await_active(None, Duration::from_secs(10)).await;
         let load = Load::start(cluster.urls(), 6, 32);
         for cycle in 0..CYCLES {
@@ -131,7 +123,8 @@ async fn a_paused_leader_cannot_grant_after_a_takeover() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn run_keeps_its_child_across_a_takeover_inside_its_deadline() {
     for (backend, url) in stores() {
-        let mut cluster = Cluster::start(&url, &prefix(backend, "run"), 2, LEADER_TTL);
+        let scratch = Scratch::new(&url, "run");
+        let mut cluster = Cluster::start(scratch.store(), scratch.prefix(), 2, LEADER_TTL);
         let (active, _) = cluster.await_active(None, Duration::from_secs(10)).await;
         let servers = cluster.urls().join(",");
         let run = std::process::Command::new(common::BIN)
@@ -162,5 +155,27 @@ async fn run_keeps_its_child_across_a_takeover_inside_its_deadline() {
             "done 1",
             "{backend}: the child ran to its end under token 1"
         );
+    }
+}
+
+/// What a test wrote to a shared store goes with the test: its schema (or key
+/// prefix) is removed when its scratch is dropped, after its coordinators.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tests_place_in_the_store_is_removed_when_the_test_ends() {
+    for (backend, url) in stores() {
+        let scratch = Scratch::new(&url, "scratch");
+        let place = scratch.place();
+        let cluster = Cluster::start(scratch.store(), scratch.prefix(), 1, LEADER_TTL);
+        let (active, _) = cluster.await_active(None, Duration::from_secs(10)).await;
+        let (code, body) = common::ha::acquire(&cluster.url(active), "scratch/a").await;
+        assert_eq!(code, 200, "{backend}: {body}");
+        assert_eq!(
+            place.exists(),
+            Ok(true),
+            "{backend}: the coordinator wrote under its prefix"
+        );
+        drop(cluster);
+        drop(scratch);
+        assert_eq!(place.exists(), Ok(false), "{backend}: the test's place is gone");
     }
 }

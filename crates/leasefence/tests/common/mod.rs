@@ -7,6 +7,7 @@ pub mod gateway;
 pub mod ha;
 pub mod prom;
 pub mod schema;
+pub mod scratch;
 pub mod tmpfs;
 
 use std::io::{BufRead, BufReader};
