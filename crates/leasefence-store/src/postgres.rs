@@ -21,7 +21,9 @@
 //! Each batch of the [`PostgresWriter`] is one transaction that locks the
 //! shard row, checks the epoch and upserts the records: in one round trip
 //! when the writer knows the batch's records (it last read or wrote them),
-//! else in two.
+//! else in two. Every record of a batch is looked up by the whole primary
+//! key, so a batch costs the same however many records the shard holds,
+//! whatever plan PostgreSQL caches for the statements (see `schema`).
 //!
 //! The methods block: each handle drives tokio-postgres on a small
 //! current-thread runtime of its own, so they may be called from any thread

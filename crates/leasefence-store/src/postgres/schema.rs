@@ -90,7 +90,18 @@ impl Schema {
             // it; and a batch that starts after a campaign committed reads the
             // new epoch (READ COMMITTED re-reads a locked row's newest version).
             lock_shard: format!("SELECT epoch FROM {shards} WHERE shard = $1 FOR UPDATE"),
-            read: format!("SELECT resource, record FROM {records} WHERE shard = $1 AND resource = ANY($2)"),
+            // Each record of a batch by itself, by the primary key (NULL:
+            // absent). A plan PostgreSQL caches for a prepared statement may
+            // have been made while the table was nearly empty: one that looks
+            // up `resource = ANY($2)` or joins the names to the table may then
+            // read the shard's every record, for as long as the plan is kept.
+            // A scalar subquery on the whole key is an index probe per record
+            // in every plan.
+            read: format!(
+                "SELECT u.resource, \
+                   (SELECT r.record FROM {records} r WHERE r.shard = $1 AND r.resource = u.resource) \
+                 FROM unnest($2::text[]) AS u(resource)"
+            ),
             upsert: format!(
                 "INSERT INTO {records} AS r (shard, resource, epoch, record) \
                  SELECT $1, t.resource, $2, t.record FROM unnest($3::text[], $4::bytea[]) AS t(resource, record) \
@@ -103,14 +114,15 @@ impl Schema {
             // holds the bytes it was computed from (`$6`, NULL: absent), and
             // then writes every changed record (`$3`, `$4`); else nothing.
             // Separate from lock_shard so that its snapshot is taken after the
-            // lock is held: every batch committed before it is seen.
+            // lock is held: every batch committed before it is seen. Each
+            // record is looked up by the whole key, as in `read`.
             write_known: format!(
                 "WITH fence AS MATERIALIZED ( \
                    SELECT EXISTS (SELECT 1 FROM {shards} WHERE shard = $1 AND epoch = $2) \
                    AND NOT EXISTS ( \
                      SELECT 1 FROM unnest($5::text[], $6::bytea[]) AS c(resource, expected) \
-                     LEFT JOIN {records} k ON k.shard = $1 AND k.resource = c.resource \
-                     WHERE k.record IS DISTINCT FROM c.expected) AS ok), \
+                     WHERE (SELECT k.record FROM {records} k WHERE k.shard = $1 AND k.resource = c.resource) \
+                       IS DISTINCT FROM c.expected) AS ok), \
                  written AS ( \
                    INSERT INTO {records} AS r (shard, resource, epoch, record) \
                    SELECT $1, t.resource, $2, t.record \

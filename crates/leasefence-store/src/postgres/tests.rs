@@ -353,3 +353,96 @@ fn a_leader_paused_before_a_batch_it_knows_is_refused_and_writes_nothing() {
     });
     assert_eq!(w.sent, (1, 1), "the paused batch was sent from what was known");
 }
+
+/// Rows and index entries of the records table that PostgreSQL read or
+/// fetched so far in the client's current transaction.
+async fn rows_touched(c: &tokio_postgres::Client, records: &str) -> i64 {
+    let sql = format!(
+        "SELECT pg_stat_get_xact_tuples_returned(t) + pg_stat_get_xact_tuples_fetched(t) \
+           + (SELECT coalesce(sum(pg_stat_get_xact_tuples_returned(indexrelid) \
+                                + pg_stat_get_xact_tuples_fetched(indexrelid)), 0)::bigint \
+              FROM pg_index WHERE indrelid = t) \
+         FROM (SELECT '{records}'::regclass::oid AS t) AS x"
+    );
+    c.query_one(&sql, &[]).await.expect("stats").get(0)
+}
+
+/// A batch's statements look up its own records by the primary key, whatever
+/// plan PostgreSQL cached for them: here the generic plans it makes while the
+/// table holds a few records, as on a coordinator's connection to a fresh schema until
+/// the table is analyzed. Such a plan of a lookup by `= ANY($2)` or by a join
+/// read every record of the shard, so each batch cost as much as the table.
+#[test]
+fn a_batch_reads_only_its_records_whatever_plan_is_cached() {
+    let Some(url) = url() else { return };
+    let schema = TestSchema::new(&url, "plans");
+    let a = schema.open(Duration::from_secs(5));
+    let epoch = a
+        .campaign("http://a.example:7070", Duration::from_secs(60))
+        .expect("campaign")
+        .expect("wins");
+    let epoch = i64::try_from(epoch).expect("epoch fits");
+    let s = super::schema::Schema::new(&schema.name).expect("schema name");
+    let sql = s.statements();
+    let records = s.qualify("leasefence_records");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let (c, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .expect("connect");
+        tokio::spawn(connection);
+        c.batch_execute("SET plan_cache_mode = force_generic_plan")
+            .await
+            .expect("set");
+        let read = c.prepare(&sql.read).await.expect("prepare read");
+        let known = c.prepare(&sql.write_known).await.expect("prepare write_known");
+        let shard: i64 = 0;
+        let none: Vec<String> = Vec::new();
+        let no_bytes: Vec<Vec<u8>> = Vec::new();
+        let names = vec!["r/1".to_string(), "r/2".to_string(), "r/absent".to_string()];
+        // The two records as they are, and one that is absent expected to be
+        // there: the write's check looks at every record, and refuses.
+        let stale: Vec<Option<Vec<u8>>> = vec![Some(vec![0]), Some(vec![0]), Some(vec![9])];
+        // While the table holds a first few records: the plans PostgreSQL keeps.
+        let first = format!(
+            "INSERT INTO {records} (shard, resource, epoch, record) \
+             SELECT 0, 'first/' || g, $1, '\\x00' FROM generate_series(1, 20) g"
+        );
+        c.execute(&first, &[&epoch]).await.expect("first records");
+        c.query(&read, &[&shard, &names]).await.expect("read");
+        c.query(&known, &[&shard, &epoch, &none, &no_bytes, &names, &stale])
+            .await
+            .expect("write_known");
+        let fill = format!(
+            "INSERT INTO {records} (shard, resource, epoch, record) \
+             SELECT 0, 'r/' || g, $1, '\\x00' FROM generate_series(1, 2000) g"
+        );
+        c.execute(&fill, &[&epoch]).await.expect("fill");
+
+        c.batch_execute("BEGIN").await.expect("begin");
+        let rows = c.query(&read, &[&shard, &names]).await.expect("read");
+        let found = rows.iter().filter(|r| r.get::<_, Option<Vec<u8>>>(1).is_some()).count();
+        assert_eq!(found, 2, "the read finds the batch's two records");
+        let by_read = rows_touched(&c, &records).await;
+        let ok: bool = c
+            .query_one(&known, &[&shard, &epoch, &none, &no_bytes, &names, &stale])
+            .await
+            .expect("write_known")
+            .get(0);
+        assert!(!ok, "the stale batch is refused");
+        let by_write = rows_touched(&c, &records).await - by_read;
+        c.batch_execute("COMMIT").await.expect("commit");
+        eprintln!("rows touched: {by_read} by the read, {by_write} by the write's check");
+        assert!(
+            by_read <= 6,
+            "the read touched {by_read} rows of 2,000 for a batch of three"
+        );
+        assert!(
+            by_write <= 6,
+            "the write's check touched {by_write} rows of 2,000 for a batch of three"
+        );
+    });
+}

@@ -284,8 +284,8 @@ impl PostgresWriter {
     }
 }
 
-/// The batch staged from the rows read: every name of the batch is in
-/// `before`, absent where no row came back.
+/// The batch staged from the rows read (one per name, its record NULL when
+/// absent): every name of the batch is in `before`.
 fn read_rows<'b>(
     batch: &'b [Mutation],
     names: &[&str],
@@ -293,8 +293,11 @@ fn read_rows<'b>(
 ) -> Result<Staged<'b>, StoreError> {
     let mut found = HashMap::with_capacity(rows.len());
     for row in rows {
-        let (resource, record) = columns(&row).map_err(|e| StoreError::Io(format!("PostgreSQL: {e}")))?;
-        found.insert(resource.to_owned(), (record.to_vec(), decode(resource, record)?));
+        let (resource, record): (&str, Option<&[u8]>) =
+            columns(&row).map_err(|e| StoreError::Io(format!("PostgreSQL: {e}")))?;
+        if let Some(record) = record {
+            found.insert(resource.to_owned(), (record.to_vec(), decode(resource, record)?));
+        }
     }
     let mut before: HashMap<&str, Seen> = HashMap::with_capacity(names.len());
     for m in batch {
@@ -317,6 +320,8 @@ async fn rollback(live: &Live, error: StoreError) -> Fail {
     Fail::Refused { error, clean }
 }
 
-fn columns(row: &tokio_postgres::Row) -> Result<(&str, &[u8]), tokio_postgres::Error> {
+fn columns<'a, R: tokio_postgres::types::FromSql<'a>>(
+    row: &'a tokio_postgres::Row,
+) -> Result<(&'a str, R), tokio_postgres::Error> {
     Ok((row.try_get(0)?, row.try_get(1)?))
 }
